@@ -1,0 +1,133 @@
+"""Lossless speculative decoding: prefill, draft a block, verify it in one target forward, accept, crop.
+
+`drafter=None` runs plain autoregressive decoding through the very same target-cache code (a verify
+step with zero drafts), so the baseline and the speculative path differ only in the drafts.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+from transformers import DynamicCache
+
+from ..errors import UserError
+from .records import GenerationResult, StepRecord
+from . import sampling
+
+
+def _prompt_ids(target, prompt, prompt_ids) -> list[int]:
+    if (prompt is None) == (prompt_ids is None):
+        raise UserError("give exactly one of prompt (text) or prompt_ids")
+    if prompt is not None:
+        if not prompt.strip():
+            raise UserError("the prompt is empty; give some text to continue")
+        ids = target.encode(prompt)
+    else:
+        ids = [int(t) for t in prompt_ids]
+    if not ids:
+        raise UserError("the prompt is empty; give some text to continue")
+    if len(ids) >= target.max_length:
+        raise UserError(f"the prompt has {len(ids)} tokens but the target's context is {target.max_length}; "
+                        "shorten the prompt")
+    return ids
+
+
+def _topk(logits: torch.Tensor, k: int) -> tuple[list[list[int]], list[list[float]]]:
+    t = logits.float().topk(min(k, logits.shape[-1]), dim=-1)
+    return t.indices.tolist(), t.values.tolist()
+
+
+@torch.no_grad()
+def speculative_generate(target, drafter=None, prompt: str | None = None, prompt_ids=None, max_new_tokens: int = 128,
+                         temperature: float = 0.0, top_p: float = 1.0, block_size: int | None = None,
+                         seed: int | None = None, topk: int = 5) -> GenerationResult:
+    """Generate up to `max_new_tokens` tokens; greedy output equals the target's own greedy output."""
+    if max_new_tokens < 1:
+        raise UserError("max_new_tokens must be >= 1")
+    if temperature < 0 or not 0 < top_p <= 1:
+        raise UserError("temperature must be >= 0 and top_p in (0, 1]")
+    ids = _prompt_ids(target, prompt, prompt_ids)
+    max_new_tokens = min(max_new_tokens, target.max_length - len(ids))
+    dev = target.device
+    gen = torch.Generator(device=dev)
+    gen.manual_seed(seed if seed is not None else torch.seed() % (1 << 63))
+    greedy = temperature <= 0
+    n_drafts = 0
+    if drafter is not None:
+        n_drafts = drafter.config.num_drafts
+        if block_size is not None:
+            n_drafts = min(n_drafts, block_size if drafter.config.shift_label else block_size - 1)
+            if n_drafts < 1:
+                raise UserError(f"block size {block_size} leaves no draft tokens for this drafter")
+    taps = drafter.config.target_layer_ids if drafter is not None else None
+    eos = target.eos_token_ids
+
+    t_start = time.perf_counter()
+    cache = DynamicCache(config=target.model.config)
+    out = target.forward(torch.tensor([ids], device=dev), cache=cache, taps=taps)
+    first, _ = sampling.sample_from(out.logits[:, -1], temperature, top_p, gen)
+    tokens = [int(first)]
+    calls = 1
+    prefill_time = time.perf_counter() - t_start
+    pending = out.features[0] if taps is not None else None     # context not yet in the draft cache
+    pending_start = 0
+    draft_cache = DynamicCache() if drafter is not None else None
+    start = len(ids)                                             # position of the current anchor
+    steps: list[StepRecord] = []
+    stop = "eos" if tokens[-1] in eos else None
+
+    while stop is None and len(tokens) < max_new_tokens:
+        anchor = tokens[-1]
+        remaining = max_new_tokens - len(tokens)
+        n = min(n_drafts, remaining - 1)   # the bonus token takes the last slot of the budget
+        t0 = time.perf_counter()
+        draft = None
+        if n > 0:
+            draft = drafter.draft(pending[None] if pending is not None else None, pending_start,
+                                  torch.tensor([anchor], device=dev), start, draft_cache, n=n,
+                                  temperature=temperature, top_p=top_p, generator=gen, topk=topk)
+            pending = None
+            drafts = draft.tokens[0]
+        else:
+            drafts = torch.empty(0, dtype=torch.long, device=dev)
+        t1 = time.perf_counter()
+        verify_ids = torch.cat([torch.tensor([anchor], device=dev), drafts])[None]
+        out = target.forward(verify_ids, cache=cache, taps=taps)
+        calls += 1
+        logits = out.logits[0]
+        if greedy:
+            acc, nxt = sampling.greedy_accept(drafts, logits)
+        else:
+            p = sampling.warp_probs(logits, temperature, top_p)
+            acc, nxt = sampling.rejection_accept(drafts, draft.q[0] if draft is not None else p[:0], p, gen)
+        t2 = time.perf_counter()
+
+        accepted = drafts[:acc].tolist()
+        bonus: int | None = nxt
+        for j, t in enumerate(accepted):        # an accepted EOS ends the text: no bonus after it
+            if t in eos:
+                accepted, bonus, acc = accepted[: j + 1], None, j + 1
+                break
+        committed = accepted + ([bonus] if bonus is not None else [])
+        committed = committed[: max_new_tokens - len(tokens)]
+        # Target cache: it now holds start + n + 1 positions; keep the anchor and the accepted drafts.
+        cache.crop(-(len(drafts) - acc))
+        if taps is not None:
+            new_feats = out.features[0, : acc + 1]
+            pending = new_feats if pending is None else torch.cat([pending, new_feats])
+            pending_start = start + acc + 1 - pending.shape[0]
+        rec = StepRecord(start=start, anchor=anchor, draft_tokens=drafts.tolist(), accepted=acc, bonus=bonus,
+                         committed=committed, draft_time_s=t1 - t0, verify_time_s=t2 - t1)
+        rec.target_topk_ids, rec.target_topk_logits = _topk(logits, topk)
+        if draft is not None:
+            rec.base_topk_ids, rec.base_topk_logits = draft.base_topk[0][0].tolist(), draft.base_topk[1][0].float().tolist()
+            rec.final_topk_ids, rec.final_topk_logits = draft.final_topk[0][0].tolist(), draft.final_topk[1][0].float().tolist()
+        steps.append(rec)
+        tokens.extend(committed)
+        start += acc + 1
+        if any(t in eos for t in committed):
+            stop = "eos"
+    wall = time.perf_counter() - t_start
+    return GenerationResult(prompt_ids=ids, token_ids=tokens, text=target.decode(tokens) if target.tokenizer else "",
+                            steps=steps, target_forward_calls=calls, wall_time_s=wall, prefill_time_s=prefill_time,
+                            stop_reason=stop or "max_new_tokens")

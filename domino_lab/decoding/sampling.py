@@ -1,0 +1,57 @@
+"""Sampling and the two verification rules (greedy longest-prefix; standard speculative sampling)."""
+from __future__ import annotations
+
+import torch
+
+
+def warp_probs(logits: torch.Tensor, temperature: float, top_p: float = 1.0) -> torch.Tensor:
+    """softmax(logits / T) restricted to the top-p nucleus and renormalised (computed in float64 on CPU-sized
+    vocabularies it is cheap and removes rounding from the acceptance ratio p/q)."""
+    probs = torch.softmax(logits.double() / temperature, dim=-1)
+    if top_p < 1.0:
+        sorted_p, idx = probs.sort(dim=-1, descending=True)
+        # keep the smallest prefix whose mass reaches top_p (always at least the top token)
+        drop = sorted_p.cumsum(-1) - sorted_p >= top_p
+        sorted_p = sorted_p.masked_fill(drop, 0.0)
+        probs = torch.zeros_like(probs).scatter(-1, idx, sorted_p)
+        probs = probs / probs.sum(-1, keepdim=True)
+    return probs
+
+
+def sample_from(logits: torch.Tensor, temperature: float, top_p: float = 1.0,
+                generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """logits [b, V] -> (token [b], the distribution it was drawn from [b, V] or None when greedy)."""
+    if temperature <= 0:
+        return logits.argmax(-1), None
+    probs = warp_probs(logits, temperature, top_p)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1), probs
+
+
+def greedy_accept(drafts: torch.Tensor, target_logits: torch.Tensor) -> tuple[int, int]:
+    """drafts [n], target_logits [n+1, V] -> (accepted count, the target's own next token)."""
+    best = target_logits.argmax(-1)
+    n = drafts.shape[0]
+    match = (drafts == best[:n]).long()
+    acc = int(match.cumprod(0).sum()) if n else 0
+    return acc, int(best[acc])
+
+
+def rejection_accept(drafts: torch.Tensor, q: torch.Tensor, p: torch.Tensor,
+                     generator: torch.Generator | None = None) -> tuple[int, int]:
+    """Standard speculative sampling (Leviathan et al.; Chen et al.).
+
+    drafts [n] sampled from q [n, V]; p [n+1, V] the target's warped distributions. Accept d_i with
+    probability min(1, p_i(d_i)/q_i(d_i)); on the first rejection draw from norm(max(p_i - q_i, 0)); if all
+    are accepted draw the bonus from p_n. The committed tokens are then distributed exactly as the target's.
+    """
+    n = drafts.shape[0]
+    for i in range(n):
+        d = int(drafts[i])
+        u = torch.rand((), generator=generator, device=p.device, dtype=p.dtype)
+        if u * q[i, d] <= p[i, d]:          # u < p/q without dividing by a tiny q
+            continue
+        residual = (p[i] - q[i]).clamp_min(0)
+        total = residual.sum()
+        dist = residual / total if total > 0 else p[i]
+        return i, int(torch.multinomial(dist, 1, generator=generator))
+    return n, int(torch.multinomial(p[n], 1, generator=generator))

@@ -1,0 +1,89 @@
+"""`python -m domino_lab.generate`: speculative (or plain) decoding from the command line.
+
+Prints the text, or with --json one JSON object per prompt (DESIGN §6 contract).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import torch
+
+from .errors import UserError, run_cli
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m domino_lab.generate", description=__doc__)
+    p.add_argument("--target", default="default", help="HF model id, local model dir, or 'default' (embedded)")
+    p.add_argument("--drafter", default="default",
+                   help="checkpoint dir, shipped name (default, default-dflash), 'none' (plain decoding), "
+                        "or untrained:dflash / untrained:domino")
+    p.add_argument("--dtype", default="float32", help="float32 (CPU default), bfloat16, float64")
+    p.add_argument("--device", default="cpu")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt", help="prompt text")
+    src.add_argument("--prompts", help="JSONL file of {\"id\", \"prompt\"} lines; one JSON result per line out")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--block-size", type=int, default=None, help="cap the block (drafts per step)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--steps", action="store_true", help="include per-step records in the JSON")
+    p.add_argument("--json", action="store_true", help="print JSON instead of text")
+    return p
+
+
+def read_prompts(path: str) -> list[dict]:
+    """JSONL of {"id", "prompt"}; every problem is reported with its line number."""
+    try:
+        lines = open(path, encoding="utf-8").read().splitlines()
+    except OSError as e:
+        raise UserError(f"cannot read prompts file {path}: {e.strerror}") from None
+    rows = []
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise UserError(f"{path}:{i}: not valid JSON ({e.msg}); each line must be {{\"id\": ..., \"prompt\": ...}}") from None
+        if not isinstance(row, dict) or not isinstance(row.get("prompt"), str):
+            raise UserError(f"{path}:{i}: each line must be an object with a string \"prompt\"")
+        rows.append({"id": row.get("id", i), "prompt": row["prompt"]})
+    if not rows:
+        raise UserError(f"{path} has no prompts")
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from . import Target, speculative_generate
+    from .models import load_drafter
+
+    torch.manual_seed(args.seed)
+    prompts = read_prompts(args.prompts) if args.prompts else [{"id": None, "prompt": args.prompt}]
+    if any(not r["prompt"].strip() for r in prompts):
+        raise UserError("the prompt is empty; give some text to continue")
+    if args.block_size is not None and args.block_size < 1:
+        raise UserError("--block-size must be >= 1")
+    target = Target.from_pretrained(args.target, dtype=args.dtype, device=args.device)
+    drafter = load_drafter(args.drafter, target, block_size=args.block_size, seed=args.seed)
+    for row in prompts:
+        res = speculative_generate(target, drafter, prompt=row["prompt"], max_new_tokens=args.max_new_tokens,
+                                   temperature=args.temperature, top_p=args.top_p, block_size=args.block_size,
+                                   seed=args.seed)
+        if args.json:
+            d = res.to_dict(steps=args.steps)
+            if row["id"] is not None:
+                d = {"id": row["id"]} | d
+            print(json.dumps(d), flush=True)
+        else:
+            print(res.text, flush=True)
+            print(f"[tau={res.mean_acceptance_length:.2f} tokens={len(res.token_ids)} "
+                  f"target_calls={res.target_forward_calls} {res.tokens_per_s:.1f} tok/s]", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    run_cli(main)

@@ -1,0 +1,120 @@
+"""The parallel draft backbone (DFlash-style): one pass proposes hidden states for a whole block.
+
+Queries come from the block only; keys/values are [context ; block], where the context is the fused
+target features projected by *each layer's own* k/v projections (KV injection). Inside the block the
+attention is bidirectional; a block sees only context strictly before its anchor (at inference the
+anchor's own target state does not exist yet). Positions are absolute: context 0..S-1, block a..a+B-1.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers.models.qwen3.configuration_qwen3 import Qwen3Config
+from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3RMSNorm, Qwen3RotaryEmbedding, rotate_half
+
+from .config import DrafterConfig
+
+
+def qwen3_config(cfg: DrafterConfig) -> Qwen3Config:
+    """The HF config our borrowed Qwen3 pieces (MLP, RMSNorm, RoPE) are built from."""
+    return Qwen3Config(hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
+                       num_attention_heads=cfg.num_attention_heads, num_key_value_heads=cfg.num_key_value_heads,
+                       head_dim=cfg.head_dim, rms_norm_eps=cfg.rms_norm_eps, vocab_size=cfg.vocab_size,
+                       max_position_embeddings=cfg.max_position_embeddings, num_hidden_layers=cfg.num_layers,
+                       rope_parameters={"rope_type": "default", "rope_theta": cfg.rope_theta})
+
+
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: [b, heads, t, d]; cos/sin: [b, t, d]."""
+    return x * cos.unsqueeze(1) + rotate_half(x) * sin.unsqueeze(1)
+
+
+class DraftAttention(nn.Module):
+    def __init__(self, cfg: DrafterConfig, layer_idx: int):
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.nh, self.nkv, self.hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        self.q_proj = nn.Linear(cfg.hidden_size, self.nh * self.hd, bias=False)
+        self.k_proj = nn.Linear(cfg.hidden_size, self.nkv * self.hd, bias=False)
+        self.v_proj = nn.Linear(cfg.hidden_size, self.nkv * self.hd, bias=False)
+        self.o_proj = nn.Linear(self.nh * self.hd, cfg.hidden_size, bias=False)
+        self.q_norm = Qwen3RMSNorm(self.hd, eps=cfg.rms_norm_eps)
+        self.k_norm = Qwen3RMSNorm(self.hd, eps=cfg.rms_norm_eps)
+
+    def kv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        b, t, _ = x.shape
+        k = self.k_norm(self.k_proj(x).view(b, t, self.nkv, self.hd)).transpose(1, 2)
+        v = self.v_proj(x).view(b, t, self.nkv, self.hd).transpose(1, 2)
+        return rope(k, cos, sin), v
+
+    def forward(self, x, ctx, blk_rope, ctx_rope, mask=None, cache=None):
+        """x: block states [b, Q, H] (already layer-normed); ctx: fused context [b, C, H] or None."""
+        b, q_len, _ = x.shape
+        q = self.q_norm(self.q_proj(x).view(b, q_len, self.nh, self.hd)).transpose(1, 2)
+        q = rope(q, *blk_rope)
+        k, v = self.kv(x, *blk_rope)
+        if ctx is not None and ctx.shape[1] > 0:
+            kc, vc = self.kv(ctx, *ctx_rope)
+            k, v = torch.cat([kc, k], dim=2), torch.cat([vc, v], dim=2)
+        if cache is not None:
+            # The cache holds earlier context K/V; the caller crops the block part off afterwards.
+            k, v = cache.update(k, v, self.layer_idx)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=self.nh != self.nkv)
+        return self.o_proj(out.transpose(1, 2).reshape(b, q_len, self.nh * self.hd))
+
+
+class DraftLayer(nn.Module):
+    def __init__(self, cfg: DrafterConfig, layer_idx: int):
+        super().__init__()
+        self.self_attn = DraftAttention(cfg, layer_idx)
+        self.mlp = Qwen3MLP(qwen3_config(cfg))
+        self.input_layernorm = Qwen3RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+        self.post_attention_layernorm = Qwen3RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+
+    def forward(self, x, ctx, blk_rope, ctx_rope, mask=None, cache=None):
+        x = x + self.self_attn(self.input_layernorm(x), ctx, blk_rope, ctx_rope, mask, cache)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Backbone(nn.Module):
+    """fused taps -> fc -> RMSNorm context; N draft layers; final norm. Returns normed H for every slot."""
+
+    def __init__(self, cfg: DrafterConfig):
+        super().__init__()
+        self.fc = nn.Linear(len(cfg.target_layer_ids) * cfg.hidden_size, cfg.hidden_size, bias=False)
+        self.hidden_norm = Qwen3RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+        self.layers = nn.ModuleList(DraftLayer(cfg, i) for i in range(cfg.num_layers))
+        self.norm = Qwen3RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+        self.rotary_emb = Qwen3RotaryEmbedding(qwen3_config(cfg))
+
+    def forward(self, block_emb: torch.Tensor, block_pos: torch.Tensor, ctx_feats: torch.Tensor | None,
+                ctx_pos: torch.Tensor | None, mask: torch.Tensor | None = None, cache=None) -> torch.Tensor:
+        """block_emb [b, Q, H] at positions block_pos [b, Q]; ctx_feats [b, C, k*H] at ctx_pos [b, C].
+
+        mask: boolean [b, 1, Q, C + Q] (True = may attend) for training; None at inference, where every
+        cached context position precedes the anchor and the block is fully bidirectional.
+        """
+        ctx = self.hidden_norm(self.fc(ctx_feats)) if ctx_feats is not None else None
+        blk_rope = self.rotary_emb(block_emb, block_pos)
+        ctx_rope = self.rotary_emb(block_emb, ctx_pos) if ctx is not None else None
+        x = block_emb
+        for layer in self.layers:
+            x = layer(x, ctx, blk_rope, ctx_rope, mask, cache)
+        return self.norm(x)
+
+
+def block_attention_mask(anchors: torch.Tensor, keep: torch.Tensor, seq_len: int, block_size: int) -> torch.Tensor:
+    """Training mask for N blocks of one forward, keys laid out as [context (S) | block_0 | ... | block_{N-1}].
+
+    anchors, keep: [b, N]. Query (block i, slot j) may see context position c iff c < anchors[i], and every
+    slot of its own block; blocks never see each other. Dropped blocks (keep=False) see only themselves, so
+    no row is empty. Returns bool [b, 1, N*B, S + N*B].
+    """
+    b, n = anchors.shape
+    ctx_ok = torch.arange(seq_len, device=anchors.device)[None, None, :] < anchors[:, :, None]   # [b, N, S]
+    ctx_ok = ctx_ok & keep[:, :, None]
+    ctx_ok = ctx_ok.repeat_interleave(block_size, dim=1)                                         # [b, N*B, S]
+    blk_id = torch.arange(n * block_size, device=anchors.device) // block_size
+    same = (blk_id[:, None] == blk_id[None, :]).expand(b, -1, -1)                                # [b, N*B, N*B]
+    return torch.cat([ctx_ok, same], dim=-1).unsqueeze(1)

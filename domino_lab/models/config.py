@@ -1,0 +1,117 @@
+"""DrafterConfig: every knob of the parallel backbone and the Domino head, in one typed place."""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+from typing import TYPE_CHECKING
+
+from ..errors import UserError
+
+if TYPE_CHECKING:
+    from ..target import Target
+
+METHODS = ("dflash", "domino")
+
+
+@dataclass
+class DrafterConfig:
+    method: str = "domino"            # "dflash" = backbone only; "domino" = backbone + Domino head
+    # Backbone (Qwen3-style decoder layers with the target's width; DESIGN §2).
+    hidden_size: int = 256
+    num_layers: int = 1
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    head_dim: int = 64
+    intermediate_size: int = 768
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 1e6
+    max_position_embeddings: int = 4096
+    vocab_size: int = 8192
+    target_layer_ids: list[int] = field(default_factory=lambda: [1])
+    block_size: int = 8               # B: slots per block, [anchor, MASK x (B-1)]
+    mask_token_id: int = 0
+    # shift_label=True (Domino release): slot k predicts x_{a+k+1}, B drafts per block.
+    # shift_label=False (DFlash paper): slot k predicts x_{a+k}, slot 0 is the anchor, B-1 drafts.
+    shift_label: bool = True
+    # Domino head (ignored for dflash).
+    gru_hidden: int = 256             # g
+    rank: int = 64                    # r
+    # What the drafter was built for; checked on load.
+    target_fingerprint: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        if self.method not in METHODS:
+            raise UserError(f"unknown drafter method '{self.method}'; use one of {list(METHODS)}")
+        if self.block_size < 1 or (not self.shift_label and self.block_size < 2):
+            raise UserError(f"block_size {self.block_size} is too small (needs >= {1 if self.shift_label else 2})")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise UserError("num_attention_heads must be a multiple of num_key_value_heads")
+        for name in ("num_layers", "gru_hidden", "rank", "head_dim"):
+            if getattr(self, name) < 1:
+                raise UserError(f"{name} must be >= 1 (got {getattr(self, name)})")
+
+    @property
+    def num_drafts(self) -> int:
+        """Draft tokens per block."""
+        return self.block_size if self.shift_label else self.block_size - 1
+
+    @property
+    def first_draft_slot(self) -> int:
+        """Block slot whose hidden state predicts the first draft token."""
+        return 0 if self.shift_label else 1
+
+    @classmethod
+    def for_target(cls, target: "Target", method: str = "domino", **overrides) -> "DrafterConfig":
+        """A drafter shaped like `target` (width, heads, rope), with small defaults for the rest."""
+        tc = target.model.config
+        if target.mask_token_id is None:
+            raise UserError(f"target '{target.name}' has no reserved MASK token (no '<|mask|>' in its tokenizer "
+                            "and no unused embedding row); pass mask_token_id explicitly")
+        heads = getattr(tc, "num_attention_heads", 4)
+        rope = getattr(tc, "rope_parameters", None) or {}
+        base = dict(
+            method=method,
+            hidden_size=target.hidden_size,
+            num_attention_heads=heads,
+            num_key_value_heads=getattr(tc, "num_key_value_heads", None) or heads,
+            head_dim=getattr(tc, "head_dim", None) or target.hidden_size // heads,
+            intermediate_size=getattr(tc, "intermediate_size", 4 * target.hidden_size),
+            rms_norm_eps=getattr(tc, "rms_norm_eps", 1e-6),
+            rope_theta=float(rope.get("rope_theta", getattr(tc, "rope_theta", 1e6))),
+            max_position_embeddings=target.max_length,
+            vocab_size=target.vocab_size,
+            target_layer_ids=list(target.taps),
+            mask_token_id=target.mask_token_id,
+            gru_hidden=min(256, 2 * target.hidden_size),
+            rank=min(64, target.hidden_size),
+            target_fingerprint=target.fingerprint,
+        )
+        unknown = set(overrides) - {f.name for f in fields(cls)}
+        if unknown:
+            raise UserError(f"unknown drafter option(s) {sorted(unknown)}")
+        base.update(overrides)
+        return cls(**base)
+
+    def check_target(self, target: "Target") -> None:
+        fp = target.fingerprint
+        if self.target_fingerprint and self.target_fingerprint != fp:
+            diff = {k: (self.target_fingerprint.get(k), fp[k]) for k in fp if self.target_fingerprint.get(k) != fp[k]}
+            raise UserError("drafter does not fit this target: " + ", ".join(
+                f"{k} drafter={a} target={b}" for k, (a, b) in diff.items()) +
+                "; use a drafter trained for this target")
+        if self.hidden_size != target.hidden_size or self.vocab_size != target.vocab_size:
+            raise UserError(f"drafter does not fit this target: hidden {self.hidden_size} vs {target.hidden_size}, "
+                            f"vocab {self.vocab_size} vs {target.vocab_size}")
+        if max(self.target_layer_ids) >= target.num_layers:
+            raise UserError(f"drafter taps layers {self.target_layer_ids} but the target has {target.num_layers}")
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "DrafterConfig":
+        known = {f.name for f in fields(cls)}
+        unknown = set(d) - known
+        if unknown:
+            raise UserError(f"drafter config has unknown key(s) {sorted(unknown)}")
+        return cls(**d)

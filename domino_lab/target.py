@@ -1,0 +1,169 @@
+"""The target LM: any Hugging Face causal LM, frozen, with the pieces a drafter borrows.
+
+A drafter reads three things from its target: the frozen token embedding (block inputs, GRU inputs),
+the frozen LM head (base logits) and the hidden states of a few tapped layers (context features).
+`hidden_states[j + 1]` is the output of decoder layer j; the last entry of `output_hidden_states` is
+after the final norm in HF, so we never treat it as a raw layer output (DESIGN §8).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from .errors import UserError
+
+ASSETS = Path(__file__).resolve().parent / "assets"
+# Names of things the project ships; `default` is the embedded target (issue 3).
+SHIPPED_TARGETS = {"default": ASSETS / "target"}
+MASK_TOKEN = "<|mask|>"
+
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+          "float16": torch.float16, "fp16": torch.float16, "float64": torch.float64, "fp64": torch.float64}
+
+
+def parse_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:
+    if dtype is None or isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in DTYPES:
+        raise UserError(f"unknown dtype '{dtype}'; use one of {sorted(set(DTYPES))}")
+    return DTYPES[dtype]
+
+
+def default_tap_layers(num_layers: int, k: int = 5) -> list[int]:
+    """k decoder layers spread evenly from layer 1 to L-3 (DFlash's rule); one tap -> L//2."""
+    if k <= 1:
+        return [num_layers // 2]
+    lo = min(1, num_layers - 1)
+    hi = max(lo, num_layers - 3)
+    return sorted({round(lo + i * (hi - lo) / (k - 1)) for i in range(k)})
+
+
+@dataclass
+class TargetOutput:
+    logits: torch.Tensor          # [b, t, V]
+    features: torch.Tensor | None  # [b, t, len(taps) * H], raw outputs of the tapped layers, concatenated
+
+
+class Target:
+    """A frozen causal LM plus its tokenizer. Build with `Target.from_pretrained` or wrap a model directly."""
+
+    def __init__(self, model: nn.Module, tokenizer=None, *, mask_token_id: int | None = None,
+                 taps: list[int] | None = None, name: str = "custom"):
+        self.model = model.eval().requires_grad_(False)
+        self.tokenizer = tokenizer
+        self.name = name
+        cfg = model.config
+        self.num_layers: int = cfg.num_hidden_layers
+        self.hidden_size: int = cfg.hidden_size
+        self.vocab_size: int = model.get_output_embeddings().weight.shape[0]
+        self.max_length: int = getattr(cfg, "max_position_embeddings", 1 << 30)
+        self.taps = list(taps) if taps is not None else default_tap_layers(self.num_layers)
+        for j in self.taps:
+            if not 0 <= j < self.num_layers:
+                raise UserError(f"tap layer {j} is outside the target's {self.num_layers} decoder layers")
+        self.eos_token_ids = self._find_eos()
+        self.mask_token_id = mask_token_id if mask_token_id is not None else self._find_mask()
+
+    # ---- loading -------------------------------------------------------------------------------
+    @classmethod
+    def from_pretrained(cls, name_or_path: str, *, dtype: str | torch.dtype | None = None,
+                        device: str | torch.device = "cpu", taps: list[int] | None = None,
+                        num_taps: int | None = None, trust_remote_code: bool = False) -> "Target":
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        dtype = parse_dtype(dtype) or torch.float32
+        if name_or_path in SHIPPED_TARGETS:
+            path = SHIPPED_TARGETS[name_or_path]
+            if not (path / "config.json").exists():
+                raise UserError(f"the embedded target '{name_or_path}' is not in this install ({path}); "
+                                "train it with `python -m domino_lab.pretrain_target`")
+            source = str(path)
+        else:
+            source = name_or_path
+            looks_local = name_or_path.startswith((".", "/", "~")) or Path(name_or_path).exists()
+            if looks_local and not (Path(name_or_path).expanduser() / "config.json").exists():
+                raise UserError(f"target '{name_or_path}' is not a model directory (no config.json there); "
+                                "pass a Hugging Face model id, a local model directory, or 'default'")
+        if Path(source).exists():
+            # a local (small) model loads in well under a second; the bar is only noise on stderr
+            from transformers.utils import logging as hf_logging
+            hf_logging.disable_progress_bar()
+        try:
+            model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, trust_remote_code=trust_remote_code)
+            tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
+        except (OSError, ValueError) as e:
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise UserError(f"cannot load target '{name_or_path}': {first}; pass a Hugging Face model id "
+                            "(needs network or a local HF cache), a local model directory, or 'default'") from None
+        model.to(device)
+        n_layers = model.config.num_hidden_layers
+        if taps is None and num_taps is not None:
+            taps = default_tap_layers(n_layers, num_taps)
+        return cls(model, tokenizer, taps=taps, name=name_or_path)
+
+    def _find_eos(self) -> set[int]:
+        ids: set[int] = set()
+        for src in (getattr(self.model, "generation_config", None), self.model.config, self.tokenizer):
+            eos = getattr(src, "eos_token_id", None) if src is not None else None
+            if eos is None:
+                continue
+            ids.update(eos if isinstance(eos, (list, tuple)) else [eos])
+        return ids
+
+    def _find_mask(self) -> int | None:
+        tok = self.tokenizer
+        if tok is not None:
+            mid = tok.convert_tokens_to_ids(MASK_TOKEN)
+            if isinstance(mid, int) and mid != tok.unk_token_id and mid is not None and mid >= 0:
+                return mid
+            # Qwen-style padded vocabularies: the first unused embedding row is never trained (DFlash §1.5).
+            if self.vocab_size > len(tok):
+                return len(tok)
+        return None
+
+    # ---- the pieces a drafter borrows ----------------------------------------------------------
+    @property
+    def embed_tokens(self) -> nn.Module:
+        return self.model.get_input_embeddings()
+
+    @property
+    def lm_head(self) -> nn.Module:
+        return self.model.get_output_embeddings()
+
+    @property
+    def device(self) -> torch.device:
+        return self.lm_head.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.lm_head.weight.dtype
+
+    @property
+    def fingerprint(self) -> dict:
+        """What a drafter must match to be usable with this target."""
+        return {"vocab_size": self.vocab_size, "hidden_size": self.hidden_size, "num_layers": self.num_layers}
+
+    @torch.no_grad()
+    def forward(self, input_ids: torch.Tensor, cache=None, taps: list[int] | None = None,
+                attention_mask: torch.Tensor | None = None, position_ids: torch.Tensor | None = None) -> TargetOutput:
+        """One target forward; `taps` (decoder-layer indices) selects which hidden states become features."""
+        out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                         cache=cache, use_cache=cache is not None, output_hidden_states=taps is not None)
+        feats = None
+        if taps is not None:
+            feats = torch.cat([out.hidden_states[j + 1] for j in taps], dim=-1)
+        return TargetOutput(out.logits, feats)
+
+    # ---- text ----------------------------------------------------------------------------------
+    def encode(self, text: str) -> list[int]:
+        if self.tokenizer is None:
+            raise UserError("this target has no tokenizer; pass prompt token ids instead of text")
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def decode(self, ids: list[int]) -> str:
+        if self.tokenizer is None:
+            return " ".join(map(str, ids))
+        return self.tokenizer.decode(ids, skip_special_tokens=False)

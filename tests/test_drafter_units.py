@@ -1,0 +1,153 @@
+"""The drafter's pieces against the equations of DESIGN §2."""
+import pytest
+import torch
+import torch.nn.functional as F
+from transformers import DynamicCache
+
+from domino_lab import Drafter, DrafterConfig
+from domino_lab.errors import UserError
+from domino_lab.models.backbone import block_attention_mask
+from domino_lab.training.objective import forward_blocks, sample_anchors
+from core_helpers import tiny_target
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_target()
+
+
+def test_block_mask_matches_brute_force():
+    anchors = torch.tensor([[2, 5, 9, 0], [0, 3, 4, 7]])
+    keep = torch.tensor([[True, True, True, False], [True, True, True, True]])
+    S, B = 12, 3
+    m = block_attention_mask(anchors, keep, S, B)
+    assert m.shape == (2, 1, 4 * B, S + 4 * B)
+    for b in range(2):
+        for q in range(4 * B):
+            blk = q // B
+            for kv in range(S + 4 * B):
+                if kv < S:
+                    want = bool(keep[b, blk]) and kv < int(anchors[b, blk])   # strictly before the anchor
+                else:
+                    want = (kv - S) // B == blk                               # own block, both directions
+                assert bool(m[b, 0, q, kv]) == want, (b, q, kv)
+
+
+def test_anchor_sampling_only_on_supervised_pairs():
+    lm = torch.tensor([[0, 0, 1, 1, 1, 0, 1, 1], [0, 0, 0, 0, 0, 0, 1, 1]])
+    anchors, keep = sample_anchors(lm, 4, torch.Generator().manual_seed(0))
+    for b in range(2):
+        kept = anchors[b][keep[b]].tolist()
+        assert kept == sorted(kept) and len(set(kept)) == len(kept)
+        for a in kept:
+            assert lm[b, a] == 1 and lm[b, a + 1] == 1
+    assert keep[0].sum() == 3 and keep[1].sum() == 1
+
+
+def test_kv_injection_shapes(target, monkeypatch):
+    d = Drafter.untrained(target, "dflash", block_size=4, num_layers=2)
+    seen = []
+    attn = d.backbone.layers[1].self_attn
+    orig = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(q, k, v, **kw):
+        seen.append((q.shape, k.shape, v.shape))
+        return orig(q, k, v, **kw)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    feats = torch.randn(1, 7, len(d.config.target_layer_ids) * 32, dtype=torch.float64)
+    cache = DynamicCache()
+    d.draft(feats, 0, torch.tensor([5]), 7, cache)
+    # queries: block only (4 slots, 4 heads); keys/values: 7 context + 4 block positions (2 kv heads)
+    assert seen[0] == ((1, 4, 4, 8), (1, 2, 11, 8), (1, 2, 11, 8))
+    assert cache.get_seq_length() == 7          # block K/V cropped off, context kept
+    assert attn.k_proj.weight.shape == (2 * 8, 32)
+
+
+def test_training_forward_equals_inference_per_block(target):
+    """The masked all-blocks-at-once training forward gives the same logits as drafting each block alone."""
+    for method in ("dflash", "domino"):
+        for shift in (True, False):
+            d = Drafter.untrained(target, method, seed=3, block_size=4, shift_label=shift)
+            if d.head is not None:
+                with torch.no_grad():
+                    d.head.w2.weight.normal_(std=0.5)   # a visible correction, unlike the small init
+            ids = torch.randint(4, 60, (1, 20), generator=torch.Generator().manual_seed(1))
+            feats = target.forward(ids, taps=d.config.target_layer_ids).features
+            lm = torch.ones_like(ids)
+            anchors = torch.tensor([[3, 8, 11]])
+            keep = torch.ones_like(anchors, dtype=torch.bool)
+            bb = forward_blocks(d, feats, ids, lm, anchors, keep)
+            for j, a in enumerate(anchors[0].tolist()):
+                dr = d.draft(feats[:, :a], 0, ids[:, a], a, DynamicCache())
+                # draft() picks its own tokens; feed the same prefix the teacher-forced path used
+                h_tokens = bb.prefix[0, j]
+                torch.testing.assert_close(bb.logits_base[0, j].topk(5).values, dr.base_topk[1][0])
+                if method == "domino":
+                    # rollout with argmax tokens: compare where the argmax prefix equals the true prefix
+                    own = torch.cat([ids[0, a:a + 1], dr.tokens[0, :-1]])
+                    same = (own == h_tokens).long().cumprod(0)
+                    for i in range(d.config.num_drafts):
+                        if same[i]:
+                            torch.testing.assert_close(bb.logits_final[0, j, i].topk(5).values, dr.final_topk[1][0, i])
+
+
+def test_gru_zero_state_per_block(target):
+    d = Drafter.untrained(target, "domino", block_size=4)
+    emb = target.embed_tokens(torch.tensor([[5, 6, 7, 8], [9, 9, 5, 6]]))
+    both = d.head.prefix_states(emb)
+    alone = d.head.prefix_states(emb[1:])
+    torch.testing.assert_close(both[1:], alone)     # block 2 does not inherit block 1's state
+    h0 = d.head.step(emb[0, 0][None], None)
+    torch.testing.assert_close(h0, both[0, 0][None])   # None == explicit zero state
+
+
+def test_slot0_uncorrected_and_correction_is_lowrank(target):
+    d = Drafter.untrained(target, "domino", block_size=4)
+    with torch.no_grad():
+        d.head.w2.weight.normal_(std=1.0)
+    h = torch.randn(3, 4, 32, dtype=torch.float64)
+    prefix = torch.randint(4, 60, (3, 4))
+    base, final = d.draft_logits(h, prefix)
+    torch.testing.assert_close(final[:, 0], base[:, 0])
+    s = d.head.prefix_states(target.embed_tokens(prefix))
+    want = d.head.w2(F.silu(d.head.w1(torch.cat([h, s], -1))))
+    torch.testing.assert_close(final[:, 1:] - base[:, 1:], want[:, 1:])
+    with torch.no_grad():
+        d.head.w2.weight.zero_()
+    base, final = d.draft_logits(h, prefix)
+    torch.testing.assert_close(final, base)          # no other path from the head into the logits
+    d.head_enabled = False
+    assert not d.uses_head
+
+
+def test_dflash_has_no_head_and_param_counts(target):
+    dd = Drafter.untrained(target, "dflash")
+    dm = Drafter.untrained(target, "domino")
+    assert dd.head is None and dd.param_counts()["head"] == 0
+    pc = dm.param_counts()
+    cfg = dm.config
+    gru = 3 * cfg.gru_hidden * (cfg.hidden_size + cfg.gru_hidden)
+    assert pc["head"] == gru + (cfg.hidden_size + cfg.gru_hidden) * cfg.rank + cfg.rank * cfg.vocab_size
+    assert pc["backbone"] == dd.param_counts()["backbone"]
+
+
+def test_save_load_roundtrip_and_mismatch(tmp_path, target):
+    d = Drafter.untrained(target, "domino", seed=5, block_size=4, rank=8, gru_hidden=16)
+    d.save_pretrained(tmp_path / "dr")
+    assert sorted(p.name for p in (tmp_path / "dr").iterdir()) == ["config.json", "model.safetensors"]
+    d2 = Drafter.from_pretrained(tmp_path / "dr", target)
+    for (k, v), (k2, v2) in zip(d.state_dict().items(), d2.state_dict().items()):
+        assert k == k2 and torch.equal(v, v2)
+    other = tiny_target(hidden=48)
+    with pytest.raises(UserError, match="does not fit"):
+        Drafter.from_pretrained(tmp_path / "dr", other)
+    with pytest.raises(UserError, match="not a drafter directory"):
+        Drafter.from_pretrained(tmp_path / "nothing", target)
+
+
+def test_config_validation():
+    with pytest.raises(UserError, match="unknown drafter method"):
+        DrafterConfig(method="medusa")
+    with pytest.raises(UserError, match="unknown key"):
+        DrafterConfig.from_dict({"method": "domino", "bogus": 1})

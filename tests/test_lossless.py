@@ -1,0 +1,109 @@
+"""Greedy speculative output must equal the target's own greedy output, token for token."""
+import pytest
+import torch
+
+from domino_lab import Drafter, speculative_generate
+from core_helpers import brief_train, greedy_sequences, tiny_target
+
+PROMPTS = [[(7 * i + j * 13) % 60 + 4 for j in range(3 + i % 5)] for i in range(32)]
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_target()
+
+
+@pytest.fixture(scope="module")
+def plain(target):
+    """Reference: the target alone (our AR path) and HF generate for every prompt."""
+    ref = {}
+    for p in PROMPTS:
+        ours = speculative_generate(target, None, prompt_ids=p, max_new_tokens=24).token_ids
+        hf = target.model.generate(torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
+                                   do_sample=False, max_new_tokens=24, eos_token_id=3, pad_token_id=0)
+        hf_new = hf[0, len(p):].tolist()
+        assert ours == hf_new, f"plain decoding differs from HF generate on {p}"
+        ref[tuple(p)] = ours
+    return ref
+
+
+@pytest.fixture(scope="module")
+def trained(target):
+    seqs = greedy_sequences(target, 24, 40)
+    out = {}
+    for method in ("dflash", "domino"):
+        for shift in (True, False):
+            d = Drafter.untrained(target, method, seed=1, block_size=8, shift_label=shift, num_layers=1)
+            brief_train(d, seqs, steps=40)
+            out[method, shift] = d
+    return out
+
+
+CASES = [(m, s, b) for m in ("dflash", "domino") for s in (True, False) for b in (1, 2, 4, 8, 16)
+         if not (b == 1 and not s)]
+
+
+@pytest.mark.parametrize("method,shift,block", CASES)
+def test_untrained_drafter_is_lossless(target, plain, method, shift, block):
+    d = Drafter.untrained(target, method, seed=block, block_size=block, shift_label=shift)
+    # each case sees a different share of the 32 prompts; together every prompt runs per method
+    for i, p in enumerate(PROMPTS):
+        if i % 4 != (block + shift) % 4 and block != 8:
+            continue
+        res = speculative_generate(target, d, prompt_ids=p, max_new_tokens=24)
+        assert res.token_ids == plain[tuple(p)], (method, shift, block, p)
+
+
+@pytest.mark.parametrize("method", ["dflash", "domino"])
+@pytest.mark.parametrize("shift", [True, False])
+def test_trained_drafter_is_lossless_and_accepts(target, plain, trained, method, shift):
+    d = trained[method, shift]
+    taus = []
+    for p in PROMPTS:
+        res = speculative_generate(target, d, prompt_ids=p, max_new_tokens=24)
+        assert res.token_ids == plain[tuple(p)]
+        taus.append(res.mean_acceptance_length)
+        assert res.target_forward_calls == len(res.steps) + 1
+    # a trained drafter must actually get multi-token steps, or the crop paths were never exercised
+    assert max(taus) > 2.0, taus
+
+
+@pytest.mark.parametrize("block", [2, 4, 8])
+def test_block_size_cap_at_generate_time(target, plain, trained, block):
+    d = trained["domino", True]
+    for p in PROMPTS[:8]:
+        res = speculative_generate(target, d, prompt_ids=p, max_new_tokens=24, block_size=block)
+        assert res.token_ids == plain[tuple(p)]
+        assert all(len(s.draft_tokens) <= block for s in res.steps)
+
+
+def test_runs_that_end_on_eos(target, trained):
+    """Pick an EOS id the target really produces mid-run; every path must stop right after it."""
+    base = speculative_generate(target, None, prompt_ids=PROMPTS[0], max_new_tokens=30).token_ids
+    eos = base[9]
+    target.eos_token_ids = {eos}
+    try:
+        for p in PROMPTS[:12]:
+            ref = speculative_generate(target, None, prompt_ids=p, max_new_tokens=30)
+            hf = target.model.generate(torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
+                                       do_sample=False, max_new_tokens=30, eos_token_id=eos, pad_token_id=0)
+            assert ref.token_ids == hf[0, len(p):].tolist()
+            for d in trained.values():
+                res = speculative_generate(target, d, prompt_ids=p, max_new_tokens=30)
+                assert res.token_ids == ref.token_ids
+                assert res.stop_reason == ref.stop_reason
+                if eos in res.token_ids:
+                    assert res.token_ids[-1] == eos and res.stop_reason == "eos"
+        assert any(eos in speculative_generate(target, None, prompt_ids=p, max_new_tokens=30).token_ids
+                   for p in PROMPTS[:12])
+    finally:
+        target.eos_token_ids = {3}
+
+
+def test_max_new_tokens_is_exact(target, trained):
+    d = trained["domino", True]
+    for n in (1, 2, 3, 9, 17):
+        res = speculative_generate(target, d, prompt_ids=PROMPTS[3], max_new_tokens=n)
+        ref = speculative_generate(target, None, prompt_ids=PROMPTS[3], max_new_tokens=n)
+        assert res.token_ids == ref.token_ids
+        assert len(res.token_ids) == n or res.stop_reason == "eos"
