@@ -7,7 +7,8 @@ rounding differences between a 1-token and an n-token forward would flip the arg
 from __future__ import annotations
 
 import torch
-from transformers import Qwen3Config, Qwen3ForCausalLM
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
 from domino_lab import Drafter, Target
 from domino_lab.training.objective import forward_blocks, sample_anchors, weighted_ce
@@ -57,3 +58,38 @@ def brief_train(drafter: Drafter, seqs: torch.Tensor, steps: int = 60, lr: float
         losses.append(float(loss))
     drafter.eval()
     return losses
+
+
+TEXT = ("def add(a, b):\n    return a + b\n\nQuestion: Tom has 3 apples and buys 4 more. How many?\n"
+        "Answer: 3 + 4 = <<3+4=7>>7\n#### 7\n") * 20
+
+
+def make_target_dir(path, hidden=32, max_pos=64, seed=0):
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator([TEXT], trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>", "<|mask|>"],
+                                                        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>")
+    fast.save_pretrained(path)
+    torch.manual_seed(seed)
+    cfg = Qwen3Config(vocab_size=len(fast), hidden_size=hidden, intermediate_size=64, num_hidden_layers=4,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=hidden // 4,
+                      max_position_embeddings=max_pos, eos_token_id=fast.eos_token_id)
+    Qwen3ForCausalLM(cfg).save_pretrained(path)
+    return path
+
+
+def make_regenerated(root, n_prompts: int = 48, max_new_tokens: int = 40):
+    """A tiny target with a tokenizer, and its own greedy continuations in the regenerated-data format."""
+    from pathlib import Path
+
+    from domino_lab.regenerate import regenerate
+
+    root = Path(root)
+    tdir = make_target_dir(root / "target", max_pos=256)
+    target = Target.from_pretrained(str(tdir))
+    words = ["def f", "Question:", "return", "Answer", "apples", "x = ", "for i in", "Tom has"]
+    prompts = [{"id": f"p{i}", "prompt": words[i % 8] + " " + words[(i * 3 + i // 8) % 8]} for i in range(n_prompts)]
+    regenerate(target, prompts, root / "data", max_new_tokens=max_new_tokens, batch_size=16, progress=False)
+    return str(tdir), str(root / "data")

@@ -4,32 +4,11 @@ import subprocess
 import sys
 
 import pytest
-import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
 from domino_lab import Drafter, Target
 from domino_lab.errors import run_cli
 from domino_lab.generate import main
-
-TEXT = ("def add(a, b):\n    return a + b\n\nQuestion: Tom has 3 apples and buys 4 more. How many?\n"
-        "Answer: 3 + 4 = <<3+4=7>>7\n#### 7\n") * 20
-
-
-def make_target_dir(path, hidden=32, max_pos=64, seed=0):
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator([TEXT], trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>", "<|mask|>"],
-                                                        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>")
-    fast.save_pretrained(path)
-    torch.manual_seed(seed)
-    cfg = Qwen3Config(vocab_size=len(fast), hidden_size=hidden, intermediate_size=64, num_hidden_layers=4,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=hidden // 4,
-                      max_position_embeddings=max_pos, eos_token_id=fast.eos_token_id)
-    Qwen3ForCausalLM(cfg).save_pretrained(path)
-    return path
+from core_helpers import make_target_dir
 
 
 @pytest.fixture(scope="module")

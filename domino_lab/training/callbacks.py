@@ -1,0 +1,28 @@
+"""Lightning callbacks of drafter training."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from lightning.pytorch.callbacks import Callback
+
+
+class ExportBest(Callback):
+    """Export the drafter with the best val/tau seen so far (save_pretrained), surviving resume."""
+
+    def __init__(self, path):
+        self.path, self.best_tau = Path(path), None
+
+    def on_validation_end(self, trainer, pl_module):
+        tau = trainer.callback_metrics.get("val/tau")
+        if tau is None or trainer.sanity_checking or not trainer.is_global_zero:
+            return
+        tau = float(tau)
+        if self.best_tau is None or tau > self.best_tau:
+            self.best_tau = tau
+            pl_module.drafter.save_pretrained(self.path)
+
+    def state_dict(self):
+        return {"best_tau": self.best_tau}
+
+    def load_state_dict(self, state):
+        self.best_tau = state.get("best_tau")
