@@ -106,7 +106,7 @@ def train(cfg, resume: bool = False, extra_callbacks=None, logger=None, target=N
                          val_check_interval=cfg.eval.every_n_steps, check_val_every_n_epoch=None,
                          num_sanity_val_steps=0, log_every_n_steps=cfg.log_every_n_steps,
                          gradient_clip_val=cfg.optim.grad_clip, use_distributed_sampler=False,
-                         enable_model_summary=False, default_root_dir=str(out_dir), deterministic=False)
+                         enable_model_summary=False, enable_progress_bar=cfg.progress_bar, default_root_dir=str(out_dir), deterministic=False)
     if trainer.is_global_zero:
         remember_run(logger, out_dir)
         logger.experiment.log_text(logger.run_id, yaml.safe_dump(to_dict(cfg), sort_keys=False), "config.yaml")
@@ -118,6 +118,7 @@ def train(cfg, resume: bool = False, extra_callbacks=None, logger=None, target=N
     if trainer.global_step % cfg.eval.every_n_steps:
         trainer.validate(module, datamodule=dm, verbose=False)
     result = {"steps": trainer.global_step, "run_id": logger.run_id, "best_tau": best.best_tau,
+              "best_draft_ms": best.best_draft_ms,
               "best_dir": str(best.path) if best.best_tau is not None else None}
     if trainer.is_global_zero:
         final = module.drafter.save_pretrained(out_dir / "final")

@@ -77,6 +77,7 @@ class TrainConfig:
     precision: str | None = None           # None: bf16-mixed on GPU, 32-true on CPU
     checkpoint_every_n_steps: int = 50
     log_every_n_steps: int = 1
+    progress_bar: bool = True
     threads: int | None = None             # torch threads per process (pin when processes share cores)
 
 

@@ -1,0 +1,120 @@
+"""`python -m domino_lab.sweep`: an Optuna study over the Domino head and curriculum; every trial is a
+Lightning training run (the same `train()` as `python -m domino_lab.train`) scored by measured val/tau.
+
+    python -m domino_lab.sweep                                  # experiments/sweeps/default.yaml, sqlite
+    python -m domino_lab.sweep --n-trials 4 --storage postgresql://u:p@host/optuna   # one more worker
+
+Re-running continues the study (same --study-name). MLflow: one parent run per study, one nested run per
+trial. Plots and a summary land under <out_dir>/<study>/ and on the parent run.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from .errors import UserError, run_cli
+
+DEFAULT_SWEEP = "experiments/sweeps/default.yaml"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m domino_lab.sweep", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", default=DEFAULT_SWEEP, help="sweep YAML (search space, budget, pruner)")
+    p.add_argument("overrides", nargs="*", help="key=value overrides of the sweep YAML (e.g. n_trials=2)")
+    p.add_argument("--study-name")
+    p.add_argument("--storage", help="Optuna RDB URL (default: sqlite under out_dir)")
+    p.add_argument("--n-trials", type=int, help="trials for THIS worker (Optuna counts per worker)")
+    p.add_argument("--tracking-uri", help="MLflow tracking URI (default: sqlite:///runs/mlflow.db)")
+    p.add_argument("--threads", type=int, help="torch threads for this worker (pin when workers share cores)")
+    return p
+
+
+def load_sweep_config(argv):
+    from .config import load_config
+    from .sweep_space import SweepConfig, validate_space
+
+    args = build_parser().parse_intermixed_args(argv)
+    overrides = list(args.overrides)
+    if args.study_name:
+        overrides.append(f"study_name={args.study_name}")
+    if args.n_trials is not None:
+        overrides.append(f"n_trials={args.n_trials}")
+    if args.storage:
+        overrides.append(f"storage={args.storage}")
+    if args.tracking_uri:
+        overrides.append(f"tracking_uri={args.tracking_uri}")
+    cfg = load_config(SweepConfig, args.config, overrides)
+    validate_space(cfg.space)
+    if cfg.n_trials < 1:
+        raise UserError("n_trials must be >= 1")
+    bad = set(cfg.objectives) - {"tau", "draft_ms"}
+    if bad or not cfg.objectives:
+        raise UserError(f"objectives must be a non-empty subset of [tau, draft_ms], got {cfg.objectives}")
+    return cfg, args.threads
+
+
+def trial_config(sweep, params: dict, trial_number: int):
+    """The TrainConfig of one trial: base recipe, sweep overrides, then the sampled values."""
+    from .config import load_config
+    from .training.config import TrainConfig
+
+    out = Path(sweep.out_dir) / sweep.study_name / f"trial_{trial_number:04d}"
+    ov = list(sweep.overrides) + [f"{k}={json.dumps(v)}" for k, v in params.items()]
+    ov += [f"out_dir={out}", f"run_name=trial-{trial_number}", f"experiment={sweep.experiment}",
+           "progress_bar=false"]     # the sweep prints its own progress; per-trial bars are noise
+    if sweep.tracking_uri:
+        ov.append(f"tracking_uri={sweep.tracking_uri}")
+    return load_config(TrainConfig, sweep.base_config, ov)
+
+
+def ensure_training_data(cfg, target, sweep) -> None:
+    """A fresh clone has no regenerated data: create it with the target (resumable) before the first trial."""
+    if Path(cfg.data.path).exists() and (Path(cfg.data.path) / "meta.json").exists():
+        return
+    from .regenerate import regenerate, training_prompts
+
+    print(f"[sweep] regenerating training data into {cfg.data.path} "
+          f"({sweep.regen_math} math + {sweep.regen_code} code prompts)", file=sys.stderr)
+    regenerate(target, training_prompts(sweep.regen_math, sweep.regen_code), cfg.data.path,
+               max_new_tokens=sweep.regen_max_new_tokens, target_name=cfg.target)
+
+
+def base_values(base_cfg, space: dict) -> dict:
+    """The base recipe's own values for the swept parameters (enqueued as the baseline trial)."""
+    out = {}
+    for name, spec in space.items():
+        node = base_cfg
+        for part in name.split("."):
+            node = getattr(node, part, None)
+        if node is None or spec["type"] == "fixed":
+            continue
+        if spec["type"] == "categorical" and node not in spec["choices"]:
+            continue
+        if spec["type"] in ("int", "float") and not spec["low"] <= node <= spec["high"]:
+            continue
+        out[name] = node
+    return out
+
+
+def main(argv=None) -> int:
+    sweep, threads = load_sweep_config(argv)
+    import optuna
+    import torch
+
+    from .sweep_run import SweepRunner
+
+    if threads:
+        torch.set_num_threads(threads)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    runner = SweepRunner(sweep)
+    summary = runner.run()
+    print(summary["answer"])
+    print(json.dumps({k: v for k, v in summary.items() if k != "answer"}, indent=2, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    run_cli(main)

@@ -1,0 +1,136 @@
+"""The study runner behind `python -m domino_lab.sweep`: storage, MLflow parent/child runs, the objective,
+pruning, and the end-of-sweep report (plots, summary, the answer)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import optuna
+from lightning.pytorch.loggers import MLFlowLogger
+from mlflow.tracking import MlflowClient
+from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
+from optuna_integration import PyTorchLightningPruningCallback
+
+from .errors import UserError
+from .sweep import base_values, ensure_training_data, trial_config
+from .sweep_space import make_pruner, make_sampler, suggest
+from .training.tracking import default_artifact_location, default_tracking_uri
+
+DIRECTIONS = {"tau": "maximize", "draft_ms": "minimize"}
+
+
+class StepPruningCallback(PyTorchLightningPruningCallback):
+    """optuna-integration's callback reports at the *epoch*; we validate every N steps inside long epochs,
+    so report at the global step instead (single-process trials; the parent class handles DDP)."""
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        if self.is_ddp_backend or trainer.sanity_checking:
+            return super().on_validation_end(trainer, pl_module)
+        score = trainer.callback_metrics.get(self.monitor)
+        if score is None:
+            return
+        self._trial.report(float(score), step=trainer.global_step)
+        if self._trial.should_prune():
+            raise optuna.TrialPruned(f"pruned at step {trainer.global_step} ({self.monitor}={float(score):.3f})")
+
+
+class SweepRunner:
+    def __init__(self, sweep):
+        self.sweep = sweep
+        self.dir = Path(sweep.out_dir) / sweep.study_name
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise UserError(f"cannot create sweep folder {self.dir}: {e.strerror}") from None
+        self.storage_url = sweep.storage or f"sqlite:///{(Path(sweep.out_dir) / 'optuna.db').resolve()}"
+        self.tracking_uri = sweep.tracking_uri or default_tracking_uri()
+        self.client = MlflowClient(self.tracking_uri)
+        self.target = None
+
+    # ---- setup -----------------------------------------------------------------------------------
+    def _storage(self):
+        try:
+            # heartbeats let a restarted study mark trials of a killed worker as failed and retry them
+            return optuna.storages.RDBStorage(
+                self.storage_url, heartbeat_interval=60, grace_period=180,
+                heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=1))
+        except Exception as e:   # bad URL, unreachable server, missing driver: one clear line
+            raise UserError(f"cannot open Optuna storage {self.storage_url}: {str(e).splitlines()[0]}") from None
+
+    def _study(self):
+        directions = [DIRECTIONS[o] for o in self.sweep.objectives]
+        study = optuna.create_study(study_name=self.sweep.study_name, storage=self._storage(),
+                                    load_if_exists=True, directions=directions,
+                                    sampler=make_sampler(self.sweep.sampler), pruner=make_pruner(self.sweep.pruner))
+        if [d.name.lower() for d in study.directions] != directions:
+            raise UserError(f"study '{self.sweep.study_name}' exists with other objectives; use another --study-name")
+        return study
+
+    def _parent_run(self, study) -> str:
+        run_id = study.user_attrs.get("mlflow_parent_run_id")
+        if run_id:
+            return run_id
+        exp = self.client.get_experiment_by_name(self.sweep.experiment)
+        exp_id = exp.experiment_id if exp else self.client.create_experiment(
+            self.sweep.experiment, artifact_location=default_artifact_location(self.sweep.experiment)
+            if self.tracking_uri.startswith("sqlite") else None)
+        run = self.client.create_run(exp_id, run_name=f"study-{self.sweep.study_name}",
+                                     tags={"optuna.study": self.sweep.study_name, "sweep.parent": "true"})
+        study.set_user_attr("mlflow_parent_run_id", run.info.run_id)
+        # another worker may have raced us: whoever wrote last wins, the loser's run is marked as such
+        winner = optuna.load_study(study_name=study.study_name, storage=study._storage).user_attrs[
+            "mlflow_parent_run_id"]
+        if winner != run.info.run_id:
+            self.client.set_terminated(run.info.run_id, "KILLED")
+        return winner
+
+    # ---- one trial -----------------------------------------------------------------------------
+    def objective(self, trial, parent: str):
+        from .train import train
+
+        params = suggest(trial, self.sweep.space)
+        cfg = trial_config(self.sweep, params, trial.number)
+        cfg.tracking_uri = self.tracking_uri
+        logger = MLFlowLogger(experiment_name=self.sweep.experiment, run_name=f"trial-{trial.number}",
+                              tracking_uri=self.tracking_uri,
+                              tags={MLFLOW_PARENT_RUN_ID: parent, "optuna.study": self.sweep.study_name,
+                                    "optuna.trial": str(trial.number)})
+        logger.log_hyperparams({f"trial.{k}": v for k, v in params.items()})
+        trial.set_user_attr("mlflow_run_id", logger.run_id)
+        callbacks = [StepPruningCallback(trial, monitor="val/tau")] if len(self.sweep.objectives) == 1 else []
+        try:
+            res = train(cfg, extra_callbacks=callbacks, logger=logger, target=self.target)
+        except optuna.TrialPruned:
+            logger.experiment.set_tag(logger.run_id, "optuna.state", "PRUNED")
+            logger.experiment.set_terminated(logger.run_id, "KILLED")
+            raise
+        logger.experiment.set_tag(logger.run_id, "optuna.state", "COMPLETE")
+        trial.set_user_attr("best_dir", res["best_dir"])
+        if res["best_tau"] is None:
+            raise UserError("a trial finished without a validation; set eval.every_n_steps <= max_steps")
+        values = {"tau": res["best_tau"], "draft_ms": res["best_draft_ms"]}
+        out = [values[o] for o in self.sweep.objectives]
+        return out[0] if len(out) == 1 else out
+
+    # ---- the study -----------------------------------------------------------------------------
+    def run(self) -> dict:
+        from .target import Target
+
+        study = self._study()
+        base = trial_config(self.sweep, {}, 0)
+        self.target = Target.from_pretrained(base.target, dtype=base.dtype)
+        ensure_training_data(base, self.target, self.sweep)
+        parent = self._parent_run(study)
+        baseline = base_values(base, self.sweep.space)
+        swept = [k for k, v in self.sweep.space.items() if v["type"] != "fixed"]
+        if self.sweep.enqueue_defaults and not study.trials and set(baseline) == set(swept):
+            study.enqueue_trial(baseline, user_attrs={"baseline": True})
+        study.optimize(lambda t: self.objective(t, parent), n_trials=self.sweep.n_trials,
+                       timeout=self.sweep.timeout_min * 60 if self.sweep.timeout_min else None,
+                       catch=(RuntimeError,), gc_after_trial=True)
+        return self.report(optuna.load_study(study_name=study.study_name, storage=study._storage), parent)
+
+    def report(self, study, parent: str) -> dict:
+        from .sweep_report import write_report
+
+        return write_report(study, self.sweep, self.dir, self.client, parent)

@@ -1,0 +1,102 @@
+"""SweepConfig and the search space: YAML -> Optuna `suggest_*` calls, validated before any trial runs."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import UserError
+
+PARAM_TYPES = ("int", "float", "categorical", "fixed")
+
+
+@dataclass
+class SweepConfig:
+    study_name: str = "domino-default"
+    base_config: str | None = "experiments/configs/domino.yaml"
+    overrides: list[str] = field(default_factory=list)
+    n_trials: int = 6                      # per worker process (Optuna counts per optimize() call)
+    timeout_min: float | None = None
+    storage: str | None = None             # None: sqlite under out_dir; postgresql://... for many workers
+    out_dir: str = "runs/sweeps"
+    experiment: str = "domino-lab-sweeps"
+    tracking_uri: str | None = None
+    sampler: dict = field(default_factory=lambda: {"type": "tpe", "seed": 0})
+    pruner: dict = field(default_factory=lambda: {"type": "median"})
+    objectives: list[str] = field(default_factory=lambda: ["tau"])    # tau | draft_ms
+    space: dict = field(default_factory=dict)
+    enqueue_defaults: bool = True          # trial 0 = the base recipe's own values, the baseline to beat
+    # training data, created on first use when missing (embedded default: regenerate it)
+    regen_math: int = 1200
+    regen_code: int = 600
+    regen_max_new_tokens: int = 160
+
+
+def validate_space(space: dict) -> None:
+    if not space:
+        raise UserError("the sweep has an empty search space; add parameters under 'space:'")
+    for name, spec in space.items():
+        if not isinstance(spec, dict) or spec.get("type") not in PARAM_TYPES:
+            raise UserError(f"space.{name}: needs 'type' in {list(PARAM_TYPES)}")
+        t = spec["type"]
+        if t in ("int", "float"):
+            if "low" not in spec or "high" not in spec or not spec["low"] < spec["high"]:
+                raise UserError(f"space.{name}: {t} needs low < high")
+            if spec.get("log") and spec["low"] <= 0:
+                raise UserError(f"space.{name}: a log range needs low > 0")
+        if t == "categorical" and not spec.get("choices"):
+            raise UserError(f"space.{name}: categorical needs a non-empty 'choices' list")
+        if t == "fixed" and "value" not in spec:
+            raise UserError(f"space.{name}: fixed needs 'value'")
+        extra = set(spec) - {"type", "low", "high", "log", "step", "choices", "value"}
+        if extra:
+            raise UserError(f"space.{name}: unknown key(s) {sorted(extra)}")
+
+
+def suggest(trial, space: dict) -> dict[str, Any]:
+    out = {}
+    for name, spec in space.items():
+        t = spec["type"]
+        if t == "int":
+            out[name] = trial.suggest_int(name, int(spec["low"]), int(spec["high"]), log=bool(spec.get("log")),
+                                          step=int(spec.get("step", 1)))
+        elif t == "float":
+            out[name] = trial.suggest_float(name, float(spec["low"]), float(spec["high"]), log=bool(spec.get("log")),
+                                            step=spec.get("step"))
+        elif t == "categorical":
+            out[name] = trial.suggest_categorical(name, spec["choices"])
+        else:
+            out[name] = spec["value"]
+            trial.set_user_attr(name, spec["value"])
+    return out
+
+
+def make_sampler(spec: dict):
+    import optuna
+
+    spec = dict(spec)
+    kind = spec.pop("type", "tpe")
+    samplers = {"tpe": optuna.samplers.TPESampler, "random": optuna.samplers.RandomSampler,
+                "cmaes": optuna.samplers.CmaEsSampler, "gp": optuna.samplers.GPSampler,
+                "nsga2": optuna.samplers.NSGAIISampler}
+    if kind not in samplers:
+        raise UserError(f"unknown sampler '{kind}'; use one of {sorted(samplers)}")
+    try:
+        return samplers[kind](**spec)
+    except TypeError as e:
+        raise UserError(f"sampler {kind}: {e}") from None
+
+
+def make_pruner(spec: dict):
+    import optuna
+
+    spec = dict(spec)
+    kind = spec.pop("type", "median")
+    pruners = {"median": optuna.pruners.MedianPruner, "hyperband": optuna.pruners.HyperbandPruner,
+               "percentile": optuna.pruners.PercentilePruner, "none": optuna.pruners.NopPruner,
+               "successive_halving": optuna.pruners.SuccessiveHalvingPruner}
+    if kind not in pruners:
+        raise UserError(f"unknown pruner '{kind}'; use one of {sorted(pruners)}")
+    try:
+        return pruners[kind](**spec)
+    except TypeError as e:
+        raise UserError(f"pruner {kind}: {e}") from None

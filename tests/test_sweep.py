@@ -1,0 +1,96 @@
+"""`python -m domino_lab.sweep` on a tiny target: trials, pruning, resume, two workers, MLflow nesting."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import optuna
+import pytest
+import yaml
+from mlflow.tracking import MlflowClient
+
+from domino_lab.errors import run_cli
+from domino_lab.sweep import main
+from core_helpers import make_regenerated
+
+
+@pytest.fixture(scope="module")
+def sweep_yaml(tmp_path_factory):
+    root = tmp_path_factory.mktemp("sweep")
+    tdir, data = make_regenerated(root)
+    cfg = {"study_name": "tiny", "base_config": None,
+           "overrides": [f"target={tdir}", f"data.path={data}", "max_steps=12", "eval.every_n_steps=6",
+                         "data.batch_size=4", "eval.tau_prompts=2", "eval.tau_max_new_tokens=16",
+                         "loss.num_anchors=8", "checkpoint_every_n_steps=6", "drafter.rank=8", "drafter.gru_hidden=16"],
+           "n_trials": 3, "out_dir": str(root / "sweeps"), "tracking_uri": f"sqlite:///{root / 'mlflow.db'}",
+           "sampler": {"type": "tpe", "seed": 0, "n_startup_trials": 2},
+           "pruner": {"type": "median", "n_startup_trials": 1, "n_warmup_steps": 3},
+           "space": {"drafter.rank": {"type": "int", "low": 4, "high": 16, "log": True},
+                     "drafter.gru_hidden": {"type": "int", "low": 8, "high": 32, "log": True},
+                     "loss.curriculum.type": {"type": "categorical", "choices": ["linear", "cosine"]}}}
+    path = root / "sweep.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path, cfg
+
+
+def run(argv, capsys):
+    with pytest.raises(SystemExit) as e:
+        run_cli(main, argv)
+    out = capsys.readouterr()
+    return e.value.code, out.out, out.err
+
+
+def test_sweep_runs_resumes_and_tracks(sweep_yaml, capsys):
+    path, cfg = sweep_yaml
+    code, out, err = run(["--config", str(path)], capsys)
+    assert code == 0, err[-2000:]
+    assert out.startswith("Best of 3 trials"), out[:500]
+    sdir = Path(cfg["out_dir"]) / "tiny"
+    summary = json.loads((sdir / "summary.json").read_text())
+    assert len(summary["trials"]) == 3 and summary["counts"]["COMPLETE"] >= 1
+    assert (sdir / "plots" / "optimization_history.png").exists()
+    # re-running continues the same study
+    code, out, err = run(["--config", str(path), "--n-trials", "1"], capsys)
+    assert code == 0, err[-2000:]
+    study = optuna.load_study(study_name="tiny", storage=f"sqlite:///{Path(cfg['out_dir']) / 'optuna.db'}")
+    assert len(study.trials) == 4
+    # MLflow: one parent run for the study, each trial nested under it with its state
+    client = MlflowClient(cfg["tracking_uri"])
+    parent = study.user_attrs["mlflow_parent_run_id"]
+    exp = client.get_experiment_by_name("domino-lab-sweeps")
+    kids = client.search_runs([exp.experiment_id], f"tags.mlflow.parentRunId = '{parent}'")
+    assert len(kids) == 4
+    states = {r.data.tags.get("optuna.state") for r in kids}
+    assert "COMPLETE" in states
+    done = [r for r in kids if r.data.tags.get("optuna.state") == "COMPLETE"]
+    assert all("val/tau" in r.data.metrics and "val/accept_pos_0" in r.data.metrics for r in done)
+    arts = {a.path for a in client.list_artifacts(parent)}
+    assert "summary.md" in arts and "plots" in arts
+
+
+def test_two_workers_share_one_study(sweep_yaml, tmp_path):
+    path, cfg = sweep_yaml
+    out = tmp_path / "sw2"
+    args = [sys.executable, "-m", "domino_lab.sweep", "--config", str(path), "study_name=pair",
+            f"out_dir={out}", "n_trials=2", "--threads", "1"]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    procs = [subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    for p in procs:
+        _, err = p.communicate(timeout=600)
+        assert p.returncode == 0, err[-2000:]
+    study = optuna.load_study(study_name="pair", storage=f"sqlite:///{out / 'optuna.db'}")
+    numbers = [t.number for t in study.trials]
+    assert len(numbers) == 4 and len(set(numbers)) == 4            # n_trials counts per worker
+    dirs = {t.user_attrs.get("best_dir") for t in study.trials if t.state.name == "COMPLETE"}
+    assert None not in dirs and len(dirs) == sum(t.state.name == "COMPLETE" for t in study.trials)
+
+
+def test_bad_sweep_config(tmp_path, capsys):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump({"space": {"drafter.rank": {"type": "int", "low": 8, "high": 4}}}))
+    code, _, err = run(["--config", str(bad)], capsys)
+    assert code == 2 and err.strip().startswith("error: space.drafter.rank") and len(err.strip().splitlines()) == 1
+    code, _, err = run(["--config", str(tmp_path / "missing.yaml")], capsys)
+    assert code == 2 and "cannot read config" in err
