@@ -8,8 +8,6 @@ import argparse
 import json
 import sys
 
-import torch
-
 from .errors import UserError, run_cli
 
 
@@ -23,7 +21,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="prompt text")
-    src.add_argument("--prompts", help="JSONL file of {\"id\", \"prompt\"} lines; one JSON result per line out")
+    src.add_argument("--prompts", help="an eval set (math, humaneval, code) or a JSONL file of {\"id\", \"prompt\"} "
+                                       "lines; one JSON result per line out")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--top-p", type=float, default=1.0)
@@ -34,35 +33,17 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def read_prompts(path: str) -> list[dict]:
-    """JSONL of {"id", "prompt"}; every problem is reported with its line number."""
-    try:
-        lines = open(path, encoding="utf-8").read().splitlines()
-    except OSError as e:
-        raise UserError(f"cannot read prompts file {path}: {e.strerror}") from None
-    rows = []
-    for i, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise UserError(f"{path}:{i}: not valid JSON ({e.msg}); each line must be {{\"id\": ..., \"prompt\": ...}}") from None
-        if not isinstance(row, dict) or not isinstance(row.get("prompt"), str):
-            raise UserError(f"{path}:{i}: each line must be an object with a string \"prompt\"")
-        rows.append({"id": row.get("id", i), "prompt": row["prompt"]})
-    if not rows:
-        raise UserError(f"{path} has no prompts")
-    return rows
-
-
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    import torch
+
     from . import Target, speculative_generate
     from .models import load_drafter
 
     torch.manual_seed(args.seed)
-    prompts = read_prompts(args.prompts) if args.prompts else [{"id": None, "prompt": args.prompt}]
+    from .data.eval_sets import load_eval_set
+
+    prompts = load_eval_set(args.prompts) if args.prompts else [{"id": None, "prompt": args.prompt}]
     if any(not r["prompt"].strip() for r in prompts):
         raise UserError("the prompt is empty; give some text to continue")
     if args.block_size is not None and args.block_size < 1:

@@ -94,10 +94,12 @@ class DrafterDataModule(pl.LightningDataModule):
             raise UserError(f"the dataset at {self.cfg.path} is too small to split into train and validation")
 
     def _loader(self, rows, shuffle):
-        rank = self.trainer.global_rank if self.trainer is not None else 0
-        world = self.trainer.world_size if self.trainer is not None else 1
+        # training batches are sharded over ranks; every rank validates on the whole (small) split
+        sharded = shuffle and self.trainer is not None
+        rank = self.trainer.global_rank if sharded else 0
+        world = self.trainer.world_size if sharded else 1
         sampler = BucketBatchSampler([len(r["input_ids"]) for r in rows], self.cfg.batch_size, self.seed,
-                                     shuffle=shuffle, rank=rank, world=world if shuffle else 1)
+                                     shuffle=shuffle, rank=rank, world=world)
         return DataLoader(rows, batch_sampler=sampler, collate_fn=collate, num_workers=self.cfg.num_workers)
 
     def train_dataloader(self):

@@ -1,0 +1,51 @@
+"""τ of a drafter over an eval set, per prompt, and paired comparisons between drafters.
+
+τ is read from the engine's step records (never recomputed): per prompt, committed tokens / verify steps;
+per set, the same ratio over all steps (each step weighs the same). Per-position acceptance is conditional:
+accepted at position i / steps that reached position i (all earlier drafts accepted).
+"""
+from __future__ import annotations
+
+import math
+import statistics
+
+from .decoding import speculative_generate
+
+
+def evaluate(target, drafter, prompts: list[dict], max_new_tokens: int = 128, temperature: float = 0.0,
+             seed: int = 0, progress: bool = False) -> dict:
+    from tqdm.auto import tqdm
+
+    rows, committed, steps, draft_s, verify_s = [], 0, 0, 0.0, 0.0
+    n = drafter.config.num_drafts if drafter is not None else 0
+    reached, accepted = [0] * n, [0] * n
+    for p in tqdm(prompts, disable=not progress, desc="decode"):
+        res = speculative_generate(target, drafter, prompt=p["prompt"], max_new_tokens=max_new_tokens,
+                                   temperature=temperature, seed=seed)
+        for s in res.steps:
+            for i in range(min(len(s.draft_tokens), s.accepted + 1)):
+                reached[i] += 1
+                accepted[i] += int(i < s.accepted)
+            draft_s += s.draft_time_s
+            verify_s += s.verify_time_s
+        c = sum(res.acceptance_lengths)
+        committed += c
+        steps += len(res.steps)
+        rows.append({"id": p["id"], "tau": res.mean_acceptance_length, "steps": len(res.steps),
+                     "tokens": len(res.token_ids), "wall_s": res.wall_time_s})
+    return {"tau": committed / max(1, steps), "per_prompt": rows,
+            "accept_pos": [a / r if r else None for a, r in zip(accepted, reached)],
+            "draft_ms": 1000 * draft_s / max(1, steps), "verify_ms": 1000 * verify_s / max(1, steps)}
+
+
+def paired(a: dict, b: dict) -> dict:
+    """Per-prompt paired differences τ_a − τ_b (same prompts, same order): mean, 95% CI, wins/losses."""
+    da = {r["id"]: r["tau"] for r in a["per_prompt"]}
+    diffs = [da[r["id"]] - r["tau"] for r in b["per_prompt"] if r["id"] in da and r["steps"] > 0]
+    if not diffs:
+        return {"n": 0}
+    mean = statistics.fmean(diffs)
+    se = statistics.stdev(diffs) / math.sqrt(len(diffs)) if len(diffs) > 1 else float("nan")
+    return {"n": len(diffs), "mean_diff": mean, "ci95": [mean - 1.96 * se, mean + 1.96 * se],
+            "wins": sum(d > 0 for d in diffs), "losses": sum(d < 0 for d in diffs), "ties": sum(d == 0 for d in diffs),
+            "ratio": a["tau"] / b["tau"] if b["tau"] else float("nan")}
