@@ -28,6 +28,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--storage", help="Optuna RDB URL (default: sqlite under out_dir)")
     p.add_argument("--n-trials", type=int, help="trials for THIS worker (Optuna counts per worker)")
     p.add_argument("--tracking-uri", help="MLflow tracking URI (default: sqlite:///runs/mlflow.db)")
+    p.add_argument("--timeout", type=float, help="stop starting new trials after this many minutes")
+    p.add_argument("--runs-dir", help="where optuna.db, trial checkpoints, plots and the summary go (./runs/sweeps)")
+    p.add_argument("--target", help="target for every trial (HF id, local dir, default)")
+    p.add_argument("--seed", type=int, help="sampler seed and every trial's training seed")
     p.add_argument("--threads", type=int, help="torch threads for this worker (pin when workers share cores)")
     return p
 
@@ -46,8 +50,13 @@ def load_sweep_config(argv):
         overrides.append(f"storage={args.storage}")
     if args.tracking_uri:
         overrides.append(f"tracking_uri={args.tracking_uri}")
+    for flag, key in (("timeout", "timeout_min"), ("runs_dir", "out_dir"), ("target", "target"), ("seed", "seed")):
+        if getattr(args, flag) is not None:
+            overrides.append(f"{key}={getattr(args, flag)}")
     cfg = load_config(SweepConfig, args.config, overrides)
     validate_space(cfg.space)
+    if cfg.seed is not None:
+        cfg.sampler = dict(cfg.sampler, seed=cfg.seed)
     if cfg.n_trials < 1:
         raise UserError("n_trials must be >= 1")
     bad = set(cfg.objectives) - {"tau", "draft_ms"}
@@ -67,6 +76,10 @@ def trial_config(sweep, params: dict, trial_number: int):
            "progress_bar=false"]     # the sweep prints its own progress; per-trial bars are noise
     if sweep.tracking_uri:
         ov.append(f"tracking_uri={sweep.tracking_uri}")
+    if sweep.target:
+        ov.append(f"target={sweep.target}")
+    if sweep.seed is not None:
+        ov.append(f"seed={sweep.seed}")
     return load_config(TrainConfig, sweep.base_config, ov)
 
 
@@ -108,7 +121,15 @@ def main(argv=None) -> int:
 
     if threads:
         torch.set_num_threads(threads)
+    import logging
+    import warnings
+
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    # one progress bar over trials; per-trial Lightning chatter would bury it
+    logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore", module="lightning")
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    warnings.filterwarnings("ignore", category=FutureWarning, module="optuna")
     runner = SweepRunner(sweep)
     summary = runner.run()
     print(summary["answer"])

@@ -47,7 +47,17 @@ def _plots(study, out: Path, space: dict) -> list[Path]:
     return made
 
 
-def write_report(study, sweep, out_dir: Path, client, parent: str) -> dict:
+def pruning_savings(study, max_steps: int) -> float | None:
+    """Share of training steps that pruning saved: 1 − steps run / steps all finished trials would have run."""
+    done = [t for t in study.trials if t.state.name in ("COMPLETE", "PRUNED")]
+    if not done or not max_steps:
+        return None
+    ran = sum(max_steps if t.state.name == "COMPLETE" else max(t.intermediate_values or [0]) for t in done)
+    return 1 - ran / (max_steps * len(done))
+
+
+def write_report(study, sweep, out_dir: Path, client, parent: str, tracking_uri: str, storage_url: str,
+                 max_steps: int | None = None) -> dict:
     plots_dir = out_dir / "plots"
     plots_dir.mkdir(parents=True, exist_ok=True)
     rows = []
@@ -56,6 +66,7 @@ def write_report(study, sweep, out_dir: Path, client, parent: str) -> dict:
                      "last_intermediate": t.intermediate_values[max(t.intermediate_values)]
                      if t.intermediate_values else None,
                      "params": t.params, "baseline": bool(t.user_attrs.get("baseline")),
+                     "speedup_est": t.user_attrs.get("speedup_est"),
                      "best_dir": t.user_attrs.get("best_dir"), "mlflow_run_id": t.user_attrs.get("mlflow_run_id")})
     complete = [r for r in rows if r["state"] == "COMPLETE"]
     counts = {s: sum(r["state"] == s for r in rows) for s in ("COMPLETE", "PRUNED", "FAIL", "RUNNING")}
@@ -83,16 +94,24 @@ def write_report(study, sweep, out_dir: Path, client, parent: str) -> dict:
         if best.user_attrs.get("best_dir"):
             answer += f" Best drafter: {best.user_attrs['best_dir']}"
     lines.append(f"# Sweep `{sweep.study_name}`\n\n{answer}\n")
-    lines.append("| trial | state | " + " | ".join(sweep.objectives) + " | params |")
-    lines.append("|---|---|" + "---|" * len(sweep.objectives) + "---|")
-    for r in rows:
+    lines.append("| trial | state | " + " | ".join(sweep.objectives) + " | speedup est. | params |")
+    lines.append("|---|---|" + "---|" * len(sweep.objectives) + "---|---|")
+    key = (lambda r: -(r["values"] or [float("-inf")])[0]) if not multi else (lambda r: r["trial"])
+    for r in sorted(rows, key=lambda r: (r["state"] != "COMPLETE", key(r))):
         vals = r["values"] or [r["last_intermediate"]] + [None] * (len(sweep.objectives) - 1)
         lines.append(f"| {r['trial']}{' (baseline)' if r['baseline'] else ''} | {r['state']} | " +
                      " | ".join(_fmt(v) if v is not None else "–" for v in vals) + " | " +
+                     (f"{r['speedup_est']:.2f}x" if r["speedup_est"] else "–") + " | " +
                      ", ".join(f"{k}={_fmt(v)}" for k, v in r["params"].items()) + " |")
+    saved = pruning_savings(study, max_steps)
+    counts["compute_saved_by_pruning"] = saved
+    how = (f"Pruning saved {100 * saved:.0f}% of the trials' training steps. " if saved is not None else "") + \
+        f"Open the runs: mlflow ui --backend-store-uri {tracking_uri}  |  optuna-dashboard {storage_url}"
     plots = _plots(study, plots_dir, sweep.space)
-    lines.append("\n" + "\n".join(f"![{p.stem}](plots/{p.name})" for p in plots))
+    lines.append("\n" + how + "\n")
+    lines.append("\n".join(f"![{p.stem}](plots/{p.name})" for p in plots))
     (out_dir / "summary.md").write_text("\n".join(lines) + "\n")
+    answer = answer + "\n" + "\n".join(l for l in lines[1:] if l.startswith("|")) + "\n" + how
     summary = {"study": sweep.study_name, "counts": counts, "trials": rows, "answer": answer,
                "summary_md": str(out_dir / "summary.md"), "plots": [str(p) for p in plots]}
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))

@@ -34,6 +34,20 @@ class StepPruningCallback(PyTorchLightningPruningCallback):
             raise optuna.TrialPruned(f"pruned at step {trainer.global_step} ({self.monitor}={float(score):.3f})")
 
 
+def plain_step_ms(target, cfg, n_prompts: int = 3, new_tokens: int = 32) -> float:
+    """Plain greedy decoding: ms per target step on validation prompts (the speedup baseline)."""
+    from .decoding import speculative_generate
+    from .training.datamodule import DrafterDataModule
+
+    dm = DrafterDataModule(cfg.data, seed=cfg.seed)
+    dm.setup()
+    prompts = dm.tau_prompts(n_prompts)
+    speculative_generate(target, None, prompt_ids=prompts[0], max_new_tokens=4)      # warm-up
+    steps = [s for p in prompts for s in speculative_generate(target, None, prompt_ids=p,
+                                                              max_new_tokens=new_tokens).steps]
+    return 1000 * sum(s.verify_time_s for s in steps) / max(1, len(steps))
+
+
 class SweepRunner:
     def __init__(self, sweep):
         self.sweep = sweep
@@ -46,13 +60,15 @@ class SweepRunner:
         self.tracking_uri = sweep.tracking_uri or default_tracking_uri()
         self.client = MlflowClient(self.tracking_uri)
         self.target = None
+        self.t_ar_ms = None
 
     # ---- setup -----------------------------------------------------------------------------------
     def _storage(self):
         try:
             # heartbeats let a restarted study mark trials of a killed worker as failed and retry them
             return optuna.storages.RDBStorage(
-                self.storage_url, heartbeat_interval=60, grace_period=180,
+                self.storage_url, heartbeat_interval=self.sweep.heartbeat_interval,
+                grace_period=self.sweep.grace_period,
                 heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=1))
         except Exception as e:   # bad URL, unreachable server, missing driver: one clear line
             raise UserError(f"cannot open Optuna storage {self.storage_url}: {str(e).splitlines()[0]}") from None
@@ -109,6 +125,10 @@ class SweepRunner:
         if res["best_tau"] is None:
             raise UserError("a trial finished without a validation; set eval.every_n_steps <= max_steps")
         values = {"tau": res["best_tau"], "draft_ms": res["best_draft_ms"]}
+        if self.t_ar_ms and res.get("best_draft_ms") is not None and res.get("best_verify_ms") is not None:
+            # cost model (DESIGN §2 / paper §4): tokens per step × plain step time / speculative step time
+            trial.set_user_attr("speedup_est", res["best_tau"] * self.t_ar_ms /
+                                (res["best_draft_ms"] + res["best_verify_ms"]))
         out = [values[o] for o in self.sweep.objectives]
         return out[0] if len(out) == 1 else out
 
@@ -120,17 +140,22 @@ class SweepRunner:
         base = trial_config(self.sweep, {}, 0)
         self.target = Target.from_pretrained(base.target, dtype=base.dtype)
         ensure_training_data(base, self.target, self.sweep)
+        self.t_ar_ms = plain_step_ms(self.target, base)
         parent = self._parent_run(study)
         baseline = base_values(base, self.sweep.space)
         swept = [k for k, v in self.sweep.space.items() if v["type"] != "fixed"]
         if self.sweep.enqueue_defaults and not study.trials and set(baseline) == set(swept):
             study.enqueue_trial(baseline, user_attrs={"baseline": True})
-        study.optimize(lambda t: self.objective(t, parent), n_trials=self.sweep.n_trials,
-                       timeout=self.sweep.timeout_min * 60 if self.sweep.timeout_min else None,
-                       catch=(RuntimeError,), gc_after_trial=True)
-        return self.report(optuna.load_study(study_name=study.study_name, storage=study._storage), parent)
-
-    def report(self, study, parent: str) -> dict:
+        finished = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
+        n_trials, callbacks = self.sweep.n_trials, []
+        if self.sweep.total_trials:
+            n_trials = max(0, min(n_trials, self.sweep.total_trials - len(study.get_trials(states=finished))))
+            callbacks.append(optuna.study.MaxTrialsCallback(self.sweep.total_trials, states=finished))
+        if n_trials:
+            study.optimize(lambda t: self.objective(t, parent), n_trials=n_trials, callbacks=callbacks,
+                           timeout=self.sweep.timeout_min * 60 if self.sweep.timeout_min else None,
+                           catch=(RuntimeError,), gc_after_trial=True, show_progress_bar=True)
         from .sweep_report import write_report
 
-        return write_report(study, self.sweep, self.dir, self.client, parent)
+        return write_report(optuna.load_study(study_name=study.study_name, storage=study._storage), self.sweep,
+                            self.dir, self.client, parent, self.tracking_uri, self.storage_url, base.max_steps)

@@ -15,9 +15,17 @@ class SweepConfig:
     base_config: str | None = "experiments/configs/domino.yaml"
     overrides: list[str] = field(default_factory=list)
     n_trials: int = 6                      # per worker process (Optuna counts per optimize() call)
+    # study-wide goal: every worker stops once the study holds this many finished (complete or pruned)
+    # trials, so a re-run after a kill, or several workers, continue to this count instead of adding n_trials
+    total_trials: int | None = None
     timeout_min: float | None = None
     storage: str | None = None             # None: sqlite under out_dir; postgresql://... for many workers
-    out_dir: str = "runs/sweeps"
+    out_dir: str = "runs/sweeps"           # --runs-dir: optuna.db, trial checkpoints, plots, summary
+    target: str | None = None              # overrides the base recipe's target
+    seed: int | None = None                # sampler seed and every trial's training seed
+    # a killed worker's RUNNING trial is marked FAIL (and retried once) when its heartbeat is this stale
+    heartbeat_interval: int = 30
+    grace_period: int = 90
     experiment: str = "domino-lab-sweeps"
     tracking_uri: str | None = None
     sampler: dict = field(default_factory=lambda: {"type": "tpe", "seed": 0})
@@ -70,33 +78,28 @@ def suggest(trial, space: dict) -> dict[str, Any]:
     return out
 
 
+def _build(kind_registry: dict, spec: dict, what: str, default: str):
+    spec = dict(spec)
+    kind = spec.pop("type", default)
+    if kind not in kind_registry:
+        raise UserError(f"unknown {what} '{kind}'; use one of {sorted(kind_registry)}")
+    try:
+        return kind_registry[kind](**spec)
+    except TypeError as e:
+        raise UserError(f"{what} {kind}: {e}") from None
+
+
 def make_sampler(spec: dict):
     import optuna
 
-    spec = dict(spec)
-    kind = spec.pop("type", "tpe")
-    samplers = {"tpe": optuna.samplers.TPESampler, "random": optuna.samplers.RandomSampler,
-                "cmaes": optuna.samplers.CmaEsSampler, "gp": optuna.samplers.GPSampler,
-                "nsga2": optuna.samplers.NSGAIISampler}
-    if kind not in samplers:
-        raise UserError(f"unknown sampler '{kind}'; use one of {sorted(samplers)}")
-    try:
-        return samplers[kind](**spec)
-    except TypeError as e:
-        raise UserError(f"sampler {kind}: {e}") from None
+    s = optuna.samplers
+    return _build({"tpe": s.TPESampler, "random": s.RandomSampler, "cmaes": s.CmaEsSampler, "gp": s.GPSampler,
+                   "nsga2": s.NSGAIISampler}, spec, "sampler", "tpe")
 
 
 def make_pruner(spec: dict):
     import optuna
 
-    spec = dict(spec)
-    kind = spec.pop("type", "median")
-    pruners = {"median": optuna.pruners.MedianPruner, "hyperband": optuna.pruners.HyperbandPruner,
-               "percentile": optuna.pruners.PercentilePruner, "none": optuna.pruners.NopPruner,
-               "successive_halving": optuna.pruners.SuccessiveHalvingPruner}
-    if kind not in pruners:
-        raise UserError(f"unknown pruner '{kind}'; use one of {sorted(pruners)}")
-    try:
-        return pruners[kind](**spec)
-    except TypeError as e:
-        raise UserError(f"pruner {kind}: {e}") from None
+    p = optuna.pruners
+    return _build({"median": p.MedianPruner, "hyperband": p.HyperbandPruner, "percentile": p.PercentilePruner,
+                   "none": p.NopPruner, "successive_halving": p.SuccessiveHalvingPruner}, spec, "pruner", "median")

@@ -113,12 +113,12 @@ def train(cfg, resume: bool = False, extra_callbacks=None, logger=None, target=N
         logger.experiment.log_dict(logger.run_id, json.loads(dcfg.to_json()), "drafter_config.json")
         logger.log_hyperparams({f"drafter.{k}": v for k, v in module.drafter.param_counts().items()})
     ckpt = latest_checkpoint(ckpt_dir) if resume else None
-    trainer.fit(module, datamodule=dm, ckpt_path=str(ckpt) if ckpt else None)
+    trainer.fit(module, datamodule=dm, **({"ckpt_path": str(ckpt)} if ckpt else {}))
     # a final validation if the last step wasn't one, so best/ is judged on the trained weights too
     if trainer.global_step % cfg.eval.every_n_steps:
         trainer.validate(module, datamodule=dm, verbose=False)
     result = {"steps": trainer.global_step, "run_id": logger.run_id, "best_tau": best.best_tau,
-              "best_draft_ms": best.best_draft_ms,
+              "best_draft_ms": best.best.get("val/draft_ms"), "best_verify_ms": best.best.get("val/verify_ms"),
               "best_dir": str(best.path) if best.best_tau is not None else None}
     if trainer.is_global_zero:
         final = module.drafter.save_pretrained(out_dir / "final")

@@ -94,3 +94,47 @@ def test_bad_sweep_config(tmp_path, capsys):
     assert code == 2 and err.strip().startswith("error: space.drafter.rank") and len(err.strip().splitlines()) == 1
     code, _, err = run(["--config", str(tmp_path / "missing.yaml")], capsys)
     assert code == 2 and "cannot read config" in err
+
+
+def test_sigkill_mid_trial_then_resume(sweep_yaml, tmp_path):
+    """Kill -9 a worker inside a trial; the re-run keeps finished trials, marks the killed one FAIL (stale
+    heartbeat) and continues the study to its requested total."""
+    import signal
+    import time
+
+    path, cfg = sweep_yaml
+    out = tmp_path / "killed"
+    storage = f"sqlite:///{out / 'optuna.db'}"
+    args = [sys.executable, "-m", "domino_lab.sweep", "--config", str(path), "study_name=kill", f"out_dir={out}",
+            "n_trials=10", "total_trials=3", "heartbeat_interval=1", "grace_period=3", "overrides=" + json.dumps(
+                cfg["overrides"][:2] + ["max_steps=40", "eval.every_n_steps=20", "data.batch_size=4",
+                                        "eval.tau_prompts=2", "eval.tau_max_new_tokens=16", "loss.num_anchors=8",
+                                        "checkpoint_every_n_steps=20", "drafter.rank=8", "drafter.gru_hidden=16"]),
+            "pruner={type: none}"]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    p = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def states():
+        try:
+            return [t.state.name for t in optuna.load_study(study_name="kill", storage=storage).trials]
+        except Exception:       # the study may not exist yet
+            return []
+
+    deadline = time.time() + 300
+    while time.time() < deadline and not (states().count("COMPLETE") >= 1 and "RUNNING" in states()):
+        assert p.poll() is None, "the sweep ended before it could be killed"
+        time.sleep(0.5)
+    time.sleep(2)                                   # well inside the second trial
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    before = optuna.load_study(study_name="kill", storage=storage).trials
+    done_before = {t.number for t in before if t.state.name == "COMPLETE"}
+    killed = [t.number for t in before if t.state.name == "RUNNING"]
+    assert done_before and len(killed) == 1
+    time.sleep(4)                                   # let the heartbeat go stale (grace_period=3 s)
+    q = subprocess.run(args, env=env, capture_output=True, text=True, timeout=600)
+    assert q.returncode == 0, q.stderr[-2000:]
+    after = {t.number: t.state.name for t in optuna.load_study(study_name="kill", storage=storage).trials}
+    assert all(after[n] == "COMPLETE" for n in done_before)        # finished trials survive
+    assert after[killed[0]] == "FAIL"                                # the interrupted one is failed
+    assert sum(s in ("COMPLETE", "PRUNED") for s in after.values()) == 3   # and the study reached its total

@@ -5,27 +5,30 @@ from pathlib import Path
 
 from lightning.pytorch.callbacks import Callback
 
+KEPT = ("val/tau", "val/draft_ms", "val/verify_ms")
+
 
 class ExportBest(Callback):
-    """Export the drafter with the best val/tau seen so far (save_pretrained), surviving resume."""
+    """Export the drafter with the best val/tau seen so far (save_pretrained), surviving resume; keeps the
+    validation numbers of that best point (τ, draft and verify ms per step) for the caller."""
 
     def __init__(self, path):
-        self.path, self.best_tau, self.best_draft_ms = Path(path), None, None
+        self.path, self.best = Path(path), {}
+
+    @property
+    def best_tau(self):
+        return self.best.get("val/tau")
 
     def on_validation_end(self, trainer, pl_module):
         tau = trainer.callback_metrics.get("val/tau")
         if tau is None or trainer.sanity_checking or not trainer.is_global_zero:
             return
-        tau = float(tau)
-        if self.best_tau is None or tau > self.best_tau:
-            self.best_tau = tau
-            ms = trainer.callback_metrics.get("val/draft_ms")
-            self.best_draft_ms = float(ms) if ms is not None else None
+        if self.best_tau is None or float(tau) > self.best_tau:
+            self.best = {k: float(trainer.callback_metrics[k]) for k in KEPT if k in trainer.callback_metrics}
             pl_module.drafter.save_pretrained(self.path)
 
     def state_dict(self):
-        return {"best_tau": self.best_tau, "best_draft_ms": self.best_draft_ms}
+        return {"best": self.best}
 
     def load_state_dict(self, state):
-        self.best_tau = state.get("best_tau")
-        self.best_draft_ms = state.get("best_draft_ms")
+        self.best = state.get("best", {})

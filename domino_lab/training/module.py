@@ -100,6 +100,7 @@ class DrafterModule(pl.LightningModule):
         stats = measure_tau(self.target, self.drafter, self.tau_prompts, self.cfg.eval.tau_max_new_tokens)
         self.log("val/tau", stats["tau"], prog_bar=True, sync_dist=True)
         self.log("val/draft_ms", stats["draft_ms"], sync_dist=True)
+        self.log("val/verify_ms", stats["verify_ms"], sync_dist=True)
         for i, a in enumerate(stats["accept_pos"]):
             self.log(f"val/accept_pos_{i}", a, sync_dist=True)
 
@@ -118,7 +119,7 @@ def measure_tau(target, drafter, prompts: list[list[int]], max_new_tokens: int) 
     """τ and per-position acceptance (conditional on reaching the position) from real greedy decoding."""
     was_training = drafter.training
     drafter.eval()
-    lengths, draft_s = [], []
+    lengths, draft_s, verify_s = [], [], []
     n = drafter.config.num_drafts
     reached, accepted = [0] * n, [0] * n
     for p in prompts:
@@ -126,6 +127,7 @@ def measure_tau(target, drafter, prompts: list[list[int]], max_new_tokens: int) 
         for s in res.steps:
             lengths.append(s.acceptance_length)
             draft_s.append(s.draft_time_s)
+            verify_s.append(s.verify_time_s)
             for i in range(len(s.draft_tokens)):
                 if i > s.accepted:
                     break
@@ -134,6 +136,7 @@ def measure_tau(target, drafter, prompts: list[list[int]], max_new_tokens: int) 
     drafter.train(was_training)
     return {"tau": sum(lengths) / max(1, len(lengths)),
             "draft_ms": 1000 * sum(draft_s) / max(1, len(draft_s)),
+            "verify_ms": 1000 * sum(verify_s) / max(1, len(verify_s)),
             "accept_pos": [a / r if r else 0.0 for a, r in zip(accepted, reached)]}
 
 
