@@ -1,0 +1,41 @@
+"""The embedded default target ships in the package and works offline end to end."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from domino_lab import Drafter, Target, speculative_generate
+from domino_lab.data.eval_sets import load_eval_set
+
+
+@pytest.fixture(scope="module")
+def target():
+    return Target.from_pretrained("default")
+
+
+def test_default_target_loads_with_reserved_tokens(target):
+    tok = target.tokenizer
+    assert target.vocab_size == len(tok)
+    assert target.mask_token_id == tok.convert_tokens_to_ids("<|mask|>")
+    assert tok.convert_tokens_to_ids("<|endoftext|>") in target.eos_token_ids
+    assert target.max_length == 512                     # the window it was trained on
+    assert target.taps and max(target.taps) < target.num_layers
+
+
+def test_generate_cli_on_a_humaneval_prompt():
+    prompt = load_eval_set("humaneval", limit=1)[0]["prompt"]
+    p = subprocess.run([sys.executable, "-m", "domino_lab.generate", "--target", "default", "--drafter", "none",
+                        "--prompt", prompt, "--max-new-tokens", "24", "--json"], capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == 0, p.stderr[-1500:]
+    d = json.loads(p.stdout)
+    assert len(d["token_ids"]) > 0 and d["target_forward_calls"] == len(d["token_ids"]) or d["stop_reason"] == "eos"
+
+
+def test_speculative_equals_plain_on_default(target):
+    d = Drafter.untrained(target, "domino", block_size=4)
+    for row in load_eval_set("math", limit=3):
+        plain = speculative_generate(target, None, prompt=row["prompt"], max_new_tokens=24)
+        spec = speculative_generate(target, d, prompt=row["prompt"], max_new_tokens=24)
+        assert spec.token_ids == plain.token_ids
