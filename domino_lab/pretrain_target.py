@@ -24,7 +24,7 @@ import sys
 import tempfile
 import time
 from collections import deque
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -100,36 +100,13 @@ QUICK_OVERRIDES = {
 }
 
 
-def _section(cls, raw, where: str):
-    if raw is None:
-        return cls()
-    if not isinstance(raw, dict):
-        raise UserError(f"{where} must be a mapping of keys to values")
-    known = {f.name: f for f in fields(cls)}
-    for key, value in raw.items():
-        if key not in known:
-            raise UserError(f"unknown key '{where}.{key}' in recipe; known keys: {', '.join(known)}")
-    obj = cls(**raw)
-    defaults = cls()
-    for name in known:  # catch `lr: fast` and friends here rather than deep in training
-        v, default = getattr(obj, name), getattr(defaults, name)
-        if isinstance(default, bool) or v is None:
-            continue
-        if isinstance(default, int) and (not isinstance(v, int) or isinstance(v, bool)):
-            raise UserError(f"'{where}.{name}' must be an integer, got {v!r}")
-        if isinstance(default, float) and (not isinstance(v, (int, float)) or isinstance(v, bool)):
-            raise UserError(f"'{where}.{name}' must be a number, got {v!r}")
-    return obj
-
-
 def recipe_from_dict(raw: dict, where: str = "recipe") -> TargetRecipe:
+    """Typed recipe from a mapping; unknown keys and wrong types name the key (shared loader, domino_lab.config)."""
+    from domino_lab.config import from_dict
+
     if not isinstance(raw, dict):
         raise UserError(f"{where} must be a YAML mapping with sections model, data, train")
-    sections = {"model": ModelShape, "data": DataRecipe, "train": TrainRecipe}
-    for key in raw:
-        if key not in sections:
-            raise UserError(f"unknown key '{key}' in {where}; known sections: {', '.join(sections)}")
-    return TargetRecipe(**{k: _section(cls, raw.get(k), k) for k, cls in sections.items()})
+    return from_dict(TargetRecipe, raw)
 
 
 def load_recipe(path: str | os.PathLike) -> TargetRecipe:
