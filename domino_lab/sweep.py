@@ -57,6 +57,14 @@ def load_sweep_config(argv):
     validate_space(cfg.space)
     if cfg.seed is not None:
         cfg.sampler = dict(cfg.sampler, seed=cfg.seed)
+    # every swept name must be a real training option: check now, before any study or data is created
+    probe = {name: (spec.get("value") if spec["type"] == "fixed" else
+                    spec["choices"][0] if spec["type"] == "categorical" else spec["low"])
+             for name, spec in cfg.space.items()}
+    try:
+        trial_config(cfg, probe, 0)
+    except UserError as e:
+        raise UserError(f"sweep {args.config}: {e}") from None
     if cfg.n_trials < 1:
         raise UserError("n_trials must be >= 1")
     bad = set(cfg.objectives) - {"tau", "draft_ms"}

@@ -92,6 +92,11 @@ def test_bad_sweep_config(tmp_path, capsys):
     bad.write_text(yaml.safe_dump({"space": {"drafter.rank": {"type": "int", "low": 8, "high": 4}}}))
     code, _, err = run(["--config", str(bad)], capsys)
     assert code == 2 and err.strip().startswith("error: space.drafter.rank") and len(err.strip().splitlines()) == 1
+    for space, msg in (({"drafter.bogus": {"type": "int", "low": 1, "high": 4}}, "drafter.bogus"),
+                       ({"loss.curriculum.type": {"type": "categorical", "choices": []}}, "non-empty")):
+        bad.write_text(yaml.safe_dump({"space": space}))
+        code, _, err = run(["--config", str(bad)], capsys)
+        assert code == 2 and msg in err and len(err.strip().splitlines()) == 1, err
     code, _, err = run(["--config", str(tmp_path / "missing.yaml")], capsys)
     assert code == 2 and "cannot read config" in err
 
