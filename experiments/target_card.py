@@ -180,9 +180,19 @@ def render(res: dict) -> str:
             tail = prompt[-400:]
             lines += [f"**{domain}** (prompt{' tail' if len(prompt) > 400 else ''}):", "", _fence(tail), "",
                       "completion:", "", _fence(completion), ""]
-    lines += ["## Reproduce", "", "```",
-              "python -m domino_lab.pretrain_target --config experiments/configs/target.yaml",
-              "python experiments/target_card.py", "```", ""]
+    # one recipe per stage: stage 1 from scratch, each later stage continues the previous export
+    stages = meta.get("stages") or [meta]
+    configs = ["target.yaml"] + [f"target_stage{i}.yaml" for i in range(2, len(stages) + 1)]
+    lines += ["## Training stages", "", "| stage | recipe | code share | peak LR | tokens | wall min | tokens/s |",
+              "|---|---|---|---|---|---|---|"]
+    for i, (st, c) in enumerate(zip(stages, configs), 1):
+        rec = st.get("recipe", {})
+        lines.append(f"| {i} | experiments/configs/{c} | {rec.get('data', {}).get('code_share', '?')} | "
+                     f"{rec.get('train', {}).get('lr', '?')} | {st.get('tokens_seen', 0):,} | "
+                     f"{st.get('train_wall_time_s', 0) / 60:.1f} | {st.get('tokens_per_s', '?')} |")
+    lines += ["", "## Reproduce", "", "```"]
+    lines += [f"python -m domino_lab.pretrain_target --config experiments/configs/{c}" for c in configs]
+    lines += ["python experiments/target_card.py", "```", ""]
     return "\n".join(lines)
 
 
