@@ -60,6 +60,9 @@ class DataRecipe:
     tokenizer_math_problems: int = 40_000
     code_files: int | None = None      # first N train files only (quick runs); None = all
     val_windows: int = 32              # held-out windows per domain for validation
+    # train on a target's regenerated responses instead of the corpora (an assistant model for
+    # `hf-assisted` learns the target's own distribution): a `python -m domino_lab.regenerate` folder
+    regenerated: str | None = None
 
 
 @dataclass
@@ -80,6 +83,8 @@ class TrainRecipe:
     # continue from an exported target (a second stage with another data mix / budget); its tokenizer is
     # reused as is, and train_meta.json accumulates tokens, steps and wall time over the stages
     init_from: str | None = None
+    # from scratch, but with this exported model's tokenizer (an assistant must share the target's)
+    tokenizer_from: str | None = None
 
 
 @dataclass
@@ -87,6 +92,7 @@ class TargetRecipe:
     model: ModelShape = field(default_factory=ModelShape)
     data: DataRecipe = field(default_factory=DataRecipe)
     train: TrainRecipe = field(default_factory=TrainRecipe)
+    out_dir: str | None = None         # None: the shipped default target (domino_lab/assets/target)
 
 
 # Toy shape for `--quick`: a few hundred tokens end to end in seconds.
@@ -284,6 +290,8 @@ def _texts(recipe: TargetRecipe, cache_dir) -> dict[tuple[str, str], list[str]]:
     from domino_lab.data.corpora import load_code_corpus, load_math_corpus
 
     d = recipe.data
+    if d.regenerated:
+        return _regenerated_texts(d.regenerated)
     code_train = load_code_corpus("train", cache_dir=cache_dir)
     if d.code_files is not None:
         code_train = code_train.select(range(min(d.code_files, len(code_train))))
@@ -293,6 +301,32 @@ def _texts(recipe: TargetRecipe, cache_dir) -> dict[tuple[str, str], list[str]]:
         ("math", "train"): load_math_corpus("train", n=d.math_train_problems, cache_dir=cache_dir)["text"],
         ("math", "heldout"): load_math_corpus("heldout", n=d.math_heldout_problems, cache_dir=cache_dir)["text"],
     }
+
+
+def _regenerated_texts(path: str) -> dict[tuple[str, str], list[str]]:
+    """Prompt + response of every regenerated row, per domain; the last 5% of each domain is held out."""
+    from transformers import AutoTokenizer
+
+    from domino_lab.data.packing import DOMAINS
+    from domino_lab.regenerate import load_meta, load_regenerated
+
+    ds = load_regenerated(path)
+    target = load_meta(path)["target"]
+    tok = AutoTokenizer.from_pretrained(str(_shipped_or_path(target)))
+    out: dict[tuple[str, str], list[str]] = {}
+    for domain in DOMAINS:
+        rows = [tok.decode(x) for x, dom in zip(ds["input_ids"], ds["domain"]) if dom == domain]
+        if len(rows) < 2:
+            raise UserError(f"regenerated data {path} has {len(rows)} {domain} rows; regenerate with both domains")
+        cut = max(1, len(rows) // 20)
+        out[domain, "train"], out[domain, "heldout"] = rows[:-cut], rows[-cut:]
+    return out
+
+
+def _shipped_or_path(name: str) -> Path:
+    from domino_lab.target import SHIPPED_TARGETS
+
+    return SHIPPED_TARGETS.get(name, Path(name))
 
 
 def train(recipe: TargetRecipe, out_dir: Path, runs_dir: Path, cache_dir=None, quick: bool = False) -> dict:
@@ -317,6 +351,10 @@ def train(recipe: TargetRecipe, out_dir: Path, runs_dir: Path, cache_dir=None, q
             raise UserError(f"train.init_from {src} is not an exported target (config.json, train_meta.json)")
         tok = AutoTokenizer.from_pretrained(str(src))
         prev_meta = json.loads((src / "train_meta.json").read_text())
+    elif recipe.train.tokenizer_from:
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(str(_shipped_or_path(recipe.train.tokenizer_from)))
     else:
         tok = load_or_train_tokenizer(cache_dir, vocab_size=recipe.model.vocab_size,
                                       math_n=recipe.data.tokenizer_math_problems, code_files=recipe.data.code_files)
@@ -409,7 +447,7 @@ def main(argv: list[str] | None = None) -> int:
             raise UserError("--quick must not overwrite the shipped target; pass another --out")
         runs = Path(args.runs_dir) if args.runs_dir else out.parent / f".{out.name}-runs"
     else:
-        out = Path(args.out) if args.out else SHIPPED_DIR
+        out = Path(args.out or recipe.out_dir or SHIPPED_DIR)
         runs = Path(args.runs_dir or "runs")
     meta = train(recipe, out, runs, cache_dir=args.cache_dir, quick=args.quick)
     print(json.dumps({"out": str(out), **{k: meta[k] for k in ("parameters", "tokens_seen", "steps",

@@ -292,7 +292,7 @@ def regenerate(target, prompts: Sequence[dict], out_dir: str | os.PathLike, *, m
                         f"{max_positions}-token context")
     settings = {"target": str(target_name), "temperature": float(temperature), "max_new_tokens": int(max_new_tokens),
                 "seed": int(seed) if temperature > 0 else None, "vocab_size": len(tok), "eos_token_ids": eos,
-                "max_length": max_positions}
+                "max_length": max_positions, "weights_digest": getattr(tgt, "weights_digest", None)}
     gen_kwargs = _generation_kwargs(temperature, max_new_tokens, eos, pad)
     shard_dir = _prepare_out_dir(out_dir)  # only now: nothing is created for input rejected above
 

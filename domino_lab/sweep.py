@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -93,9 +94,19 @@ def trial_config(sweep, params: dict, trial_number: int):
 
 def ensure_training_data(cfg, target, sweep) -> None:
     """A fresh clone has no regenerated data: create it with the target (resumable) before the first trial."""
-    if Path(cfg.data.path).exists() and (Path(cfg.data.path) / "meta.json").exists():
-        return
-    from .regenerate import regenerate, training_prompts
+    from .regenerate import load_meta, regenerate, training_prompts
+
+    path = Path(cfg.data.path)
+    if path.exists() and (path / "meta.json").exists():
+        made_by = load_meta(path).get("weights_digest")
+        if made_by in (None, target.weights_digest):
+            return
+        # e.g. the sweep's cache made by an older shipped target: keep it aside (never delete data) and regenerate
+        aside = path.with_name(f"{path.name}.target-{made_by}")
+        print(f"[sweep] {path} was made by another target; moved to {aside}, regenerating", file=sys.stderr)
+        if aside.exists():
+            shutil.rmtree(aside)
+        path.rename(aside)
 
     print(f"[sweep] regenerating training data into {cfg.data.path} "
           f"({sweep.regen_math} math + {sweep.regen_code} code prompts)", file=sys.stderr)

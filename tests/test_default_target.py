@@ -39,3 +39,19 @@ def test_speculative_equals_plain_on_default(target):
         plain = speculative_generate(target, None, prompt=row["prompt"], max_new_tokens=24)
         spec = speculative_generate(target, d, prompt=row["prompt"], max_new_tokens=24)
         assert spec.token_ids == plain.token_ids
+
+
+@pytest.mark.parametrize("name", ["default", "default-dflash"])
+def test_shipped_drafters_are_lossless_and_accept(target, name):
+    """The shipped drafters load by name, stay lossless on the default target, and actually get drafts accepted."""
+    from domino_lab.models import load_drafter
+
+    d = load_drafter(name, target)
+    assert d.config.method == ("domino" if name == "default" else "dflash")
+    taus = []
+    for row in load_eval_set("math", limit=3) + load_eval_set("humaneval", limit=2):
+        plain = speculative_generate(target, None, prompt=row["prompt"], max_new_tokens=32)
+        spec = speculative_generate(target, d, prompt=row["prompt"], max_new_tokens=32)
+        assert spec.token_ids == plain.token_ids, row["id"]
+        taus.append(spec.mean_acceptance_length)
+    assert sum(taus) / len(taus) > 1.2          # an untrained drafter stays near 1.0

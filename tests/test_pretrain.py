@@ -166,3 +166,34 @@ def test_quality_helpers():
     assert cut_at_function_end(body) == "\n    return x + 1\n\n"
     assert parses("def f(x):" + cut_at_function_end(body))
     assert not parses("def f(x):\n    return (")
+
+
+def test_assistant_from_regenerated_data_shares_the_target_tokenizer(tmp_path):
+    """The `hf-assisted` bench baseline: a small AR model trained on the target's own responses."""
+    import yaml
+    from transformers import AutoTokenizer
+
+    from core_helpers import make_target_dir
+    from domino_lab.bench import load_assistant
+    from domino_lab.regenerate import regenerate
+    from domino_lab.target import Target
+
+    tdir = make_target_dir(tmp_path / "target", max_pos=256)
+    target = Target.from_pretrained(str(tdir))
+    words = ["def f", "Question:", "return", "Tom has", "x = ", "for i in"]
+    prompts = [{"id": f"p{i}", "prompt": f"{words[i % 6]} {words[(i * 5) % 6]}", "domain": ("math", "code")[i % 2]}
+               for i in range(24)]
+    regenerate(target, prompts, tmp_path / "data", max_new_tokens=40, batch_size=8, progress=False)
+    recipe = {"out_dir": str(tmp_path / "assistant"),
+              "model": dict(vocab_size=len(AutoTokenizer.from_pretrained(tdir)), hidden_size=16, num_hidden_layers=1,
+                            num_attention_heads=2, num_key_value_heads=1, head_dim=8, intermediate_size=32,
+                            max_position_embeddings=256),
+              "data": dict(regenerated=str(tmp_path / "data"), seq_len=16, val_windows=1),
+              "train": dict(batch_size=2, max_steps=3, warmup_steps=1, val_every_steps=1000, checkpoint_every_steps=0,
+                            threads=1, tokenizer_from=str(tdir))}
+    (tmp_path / "assistant.yaml").write_text(yaml.safe_dump(recipe))
+    r = _cli("--config", tmp_path / "assistant.yaml", "--runs-dir", tmp_path / "runs")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert json.loads(r.stdout.strip().splitlines()[-1])["steps"] == 3
+    assert AutoTokenizer.from_pretrained(tmp_path / "assistant").get_vocab() == target.tokenizer.get_vocab()
+    assert load_assistant(str(tmp_path / "assistant"), target, "float32").config.num_hidden_layers == 1

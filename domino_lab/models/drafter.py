@@ -81,13 +81,16 @@ class Drafter(nn.Module):
 
     # ---- inference -----------------------------------------------------------------------------
     @torch.no_grad()
-    def draft(self, ctx_feats: torch.Tensor | None, ctx_start: int, anchor: torch.Tensor, start: int, cache,
+    def draft(self, ctx_feats: torch.Tensor | None, ctx_start, anchor: torch.Tensor, start, cache,
               n: int | None = None, temperature: float = 0.0, top_p: float = 1.0,
-              generator: torch.Generator | None = None, topk: int = 5) -> Draft:
+              generator: torch.Generator | None = None, topk: int = 5,
+              key_valid: torch.Tensor | None = None) -> Draft:
         """Propose n tokens after `anchor` (at absolute position `start`).
 
         ctx_feats [b, C, k*H]: target features of the newly committed positions ctx_start..start-1, appended
         to the draft cache (which then holds exactly `start` context positions). anchor: [b] token ids.
+        Batched decoding with ragged acceptance passes per-row `start` ([b]), per-slot `ctx_start` ([b, C]
+        positions) and `key_valid` [b, cached + C + block_size] (False = a hole left by a row that accepted fewer tokens).
         """
         cfg = self.config
         n = cfg.num_drafts if n is None else min(n, cfg.num_drafts)
@@ -95,11 +98,15 @@ class Drafter(nn.Module):
         dev = anchor.device
         block_ids = torch.full((b, cfg.block_size), cfg.mask_token_id, dtype=torch.long, device=dev)
         block_ids[:, 0] = anchor
-        block_pos = torch.arange(start, start + cfg.block_size, device=dev).expand(b, -1)
+        start = torch.as_tensor(start, device=dev).reshape(-1, 1)
+        block_pos = (start + torch.arange(cfg.block_size, device=dev)).expand(b, -1)
         ctx_pos = None
         if ctx_feats is not None:
-            ctx_pos = torch.arange(ctx_start, ctx_start + ctx_feats.shape[1], device=dev).expand(b, -1)
-        hs = self.backbone(self.embed(block_ids), block_pos, ctx_feats, ctx_pos, cache=cache)
+            ctx_start = torch.as_tensor(ctx_start, device=dev)
+            ctx_pos = ctx_start if ctx_start.dim() == 2 else (      # [b, C]: every slot's own position
+                ctx_start.reshape(-1, 1) + torch.arange(ctx_feats.shape[1], device=dev)).expand(b, -1)
+        mask = key_valid[:, None, None, :] if key_valid is not None else None    # broadcast over heads, queries
+        hs = self.backbone(self.embed(block_ids), block_pos, ctx_feats, ctx_pos, mask=mask, cache=cache)
         if cache is not None:
             cache.crop(-cfg.block_size)      # keep context K/V only; block K/V are recomputed every round
         h = hs[:, cfg.first_draft_slot: cfg.first_draft_slot + n]

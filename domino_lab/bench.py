@@ -1,0 +1,359 @@
+"""`python -m domino_lab.bench`: τ, per-position acceptance and speedup of our drafters against the decoders a
+user would pick instead, measured in one run, interleaved, after warm-up.
+
+Methods: `ar` (plain greedy through our engine), `hf` (`generate(do_sample=False)`), `hf-prompt-lookup`,
+`hf-assisted` (a small autoregressive assistant of the same tokenizer), `dflash` and `domino` (our drafters).
+Every method's tokens are checked against `ar`'s on every prompt (greedy decoding is lossless).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .errors import UserError, run_cli, atomic_path
+
+METHODS = ("ar", "hf", "hf-prompt-lookup", "hf-assisted", "dflash", "domino")
+OURS = ("ar", "dflash", "domino")
+
+
+@dataclass
+class Run:
+    """One method on one prompt."""
+    tokens: list[int]
+    wall_s: float
+    target_calls: int                      # verify forwards (prefill excluded)
+    accept_lengths: list[int] = field(default_factory=list)     # per step (our engine only)
+    reached: list[int] = field(default_factory=list)            # per draft position
+    accepted: list[int] = field(default_factory=list)
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+
+
+class Bench:
+    def __init__(self, target, methods, drafters: dict, assistant=None, max_new_tokens: int = 128,
+                 prompt_lookup_tokens: int = 10):
+        self.target, self.methods, self.drafters = target, list(methods), drafters
+        self.assistant, self.max_new, self.lookup = assistant, max_new_tokens, prompt_lookup_tokens
+        self.calls = 0
+        # counts target forwards inside HF generate (one per verification for the assisted methods)
+        target.model.register_forward_pre_hook(self._count)
+
+    def _count(self, *_):
+        self.calls += 1
+
+    def run(self, method: str, ids: list[int]) -> Run:
+        from .decoding import speculative_generate
+
+        if method in OURS:
+            res = speculative_generate(self.target, self.drafters.get(method), prompt_ids=ids,
+                                       max_new_tokens=self.max_new)
+            n = self.drafters[method].config.num_drafts if method in self.drafters else 0
+            reached, accepted = [0] * n, [0] * n
+            for s in res.steps:
+                for i in range(min(len(s.draft_tokens), s.accepted + 1)):
+                    reached[i] += 1
+                    accepted[i] += int(i < s.accepted)
+            return Run(res.token_ids, res.wall_time_s, len(res.steps), res.acceptance_lengths, reached, accepted,
+                       sum(s.draft_time_s for s in res.steps), sum(s.verify_time_s for s in res.steps))
+        return self._hf(method, ids)
+
+    def _hf(self, method: str, ids: list[int]) -> Run:
+        import torch
+
+        t = self.target
+        eos = sorted(t.eos_token_ids)
+        kw = dict(max_new_tokens=min(self.max_new, t.max_length - len(ids)), do_sample=False, num_beams=1,
+                  eos_token_id=eos or None, pad_token_id=eos[0] if eos else 0, temperature=None, top_p=None,
+                  top_k=None)
+        if method == "hf-prompt-lookup":
+            kw["prompt_lookup_num_tokens"] = self.lookup
+        elif method == "hf-assisted":
+            kw["assistant_model"] = self.assistant
+        x = torch.tensor([ids], device=t.device)
+        self.calls = 0
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            out = t.model.generate(x, attention_mask=torch.ones_like(x), **kw)
+        wall = time.perf_counter() - t0
+        new = out[0, len(ids):].tolist()
+        for i, tok in enumerate(new):       # HF pads after EOS; our engine stops at it
+            if tok in t.eos_token_ids:
+                new = new[: i + 1]
+                break
+        return Run(new, wall, max(0, self.calls - 1))
+
+
+def summarize(runs: list[Run], ref: list[Run] | None) -> dict:
+    tokens = sum(len(r.tokens) for r in runs)
+    wall = sum(r.wall_s for r in runs)
+    calls = sum(r.target_calls for r in runs)
+    lengths = [a for r in runs for a in r.accept_lengths]
+    # τ: tokens per verify forward; the prefill's token is not a step (same convention as the engine)
+    tau = (sum(lengths) / len(lengths)) if lengths else ((tokens - len(runs)) / calls if calls else None)
+    out = {"prompts": len(runs), "tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall if wall else 0.0,
+           "tau": tau, "target_calls": calls}
+    if lengths:
+        hist: dict[int, int] = {}
+        for a in lengths:
+            hist[a] = hist.get(a, 0) + 1
+        reached = [sum(x) for x in zip(*(r.reached for r in runs))] if runs[0].reached else []
+        accepted = [sum(x) for x in zip(*(r.accepted for r in runs))] if runs[0].accepted else []
+        out |= {"tau_hist": dict(sorted(hist.items())),
+                "accept_pos": [a / n if n else None for a, n in zip(accepted, reached)],
+                "draft_ms": 1000 * sum(r.draft_s for r in runs) / len(lengths),
+                "verify_ms": 1000 * sum(r.verify_s for r in runs) / len(lengths)}
+    if ref is not None:
+        bad = [i for i, (r, a) in enumerate(zip(runs, ref)) if r.tokens != a.tokens]
+        out["lossless"] = {"equal": len(runs) - len(bad), "total": len(runs), "mismatch_prompts": bad}
+    return out
+
+
+def bench_set(b: Bench, prompts: list[dict], warmup: int, progress: bool = True) -> dict:
+    from tqdm.auto import tqdm
+
+    ids = [b.target.encode(p["prompt"]) for p in prompts]
+    for x in ids[:warmup]:                      # warm-up: allocator, thread pools, HF's first-call work
+        for m in b.methods:
+            b.run(m, x)
+    runs: dict[str, list[Run]] = {m: [] for m in b.methods}
+    for i, x in enumerate(tqdm(ids, desc="bench", disable=not progress)):
+        k = i % len(b.methods)                  # rotate the order so no method always runs first
+        for m in b.methods[k:] + b.methods[:k]:
+            runs[m].append(b.run(m, x))
+    ref = runs.get("ar")
+    res = {m: summarize(r, ref if m != "ar" else None) for m, r in runs.items()}
+    ar, hf = res.get("ar"), res.get("hf")
+    for m, r in res.items():
+        if ar:
+            r["speedup_vs_ar"] = r["tokens_per_s"] / ar["tokens_per_s"]
+        if hf:
+            r["speedup_vs_hf"] = r["tokens_per_s"] / hf["tokens_per_s"]
+        if ar and "draft_ms" in r and m != "ar":
+            # cost model (paper §4): τ·t_ar / (t_draft + t_verify), with t_ar the plain step of this run
+            r["bound_vs_ar"] = r["tau"] * ar["verify_ms"] / (r["draft_ms"] + r["verify_ms"])
+            r["measured_over_bound"] = r["speedup_vs_ar"] / r["bound_vs_ar"]
+    res["_per_prompt"] = {m: [{"id": p["id"], "tokens": len(r.tokens), "wall_s": r.wall_s, "calls": r.target_calls}
+                              for p, r in zip(prompts, rs)] for m, rs in runs.items()}
+    return res
+
+
+def bench_batched(b: Bench, prompts: list[dict], sizes: list[int], ref: dict | None = None) -> dict:
+    """Throughput of batched decoding (ragged acceptance) for `ar` and our drafters at several batch sizes.
+    Each size decodes the same prompts in consecutive batches; outputs are checked against `ar`."""
+    from .decoding.batched import batched_generate
+
+    ids = [b.target.encode(p["prompt"]) for p in prompts]
+    methods = [m for m in b.methods if m in OURS]
+    batched_generate(b.target, None, ids[:2], 4)                       # warm-up
+    out: dict = {}
+    for size in sizes:
+        row = {}
+        for m in methods:
+            toks, wall, lengths = [], 0.0, []
+            for i in range(0, len(ids), size):
+                res = batched_generate(b.target, b.drafters.get(m), ids[i:i + size], b.max_new)
+                toks += res.token_ids
+                wall += res.wall_time_s
+                lengths += [a for row_ in res.acceptance_lengths for a in row_]
+            row[m] = {"tokens_per_s": sum(map(len, toks)) / wall, "tau": sum(lengths) / max(1, len(lengths)),
+                      "tokens": toks}
+        for m in methods:
+            row[m]["lossless"] = sum(t == a for t, a in zip(row[m]["tokens"], row["ar"]["tokens"]))
+            row[m]["speedup_vs_ar"] = row[m]["tokens_per_s"] / row["ar"]["tokens_per_s"]
+        for m in methods:
+            del row[m]["tokens"]
+        out[size] = row
+    return out
+
+
+def batched_table(results: dict, n_prompts: dict) -> str:
+    lines = ["| set | batch | method | τ | tokens/s | speedup vs batched ar | equal to ar |", "|" + "---|" * 7]
+    for s, by_size in results.items():
+        for size, row in by_size.items():
+            for m, r in row.items():
+                lines.append(f"| {s} | {size} | {m} | {r['tau']:.2f} | {r['tokens_per_s']:.1f} | "
+                             f"{r['speedup_vs_ar']:.2f}x | {r['lossless']}/{n_prompts[s]} |")
+    return "\n".join(lines)
+
+
+def _fmt(v, f="{:.2f}"):
+    return "–" if v is None else f.format(v)
+
+
+def table(results: dict) -> str:
+    lines = ["| set | method | τ | tokens/s | speedup vs ar | speedup vs hf | draft ms | verify ms | bound vs ar "
+             "| measured/bound | lossless | accept per position |", "|" + "---|" * 12]
+    for s, res in results.items():
+        for m, r in res.items():
+            if m.startswith("_"):
+                continue
+            ll = r.get("lossless")
+            pos = " ".join(_fmt(a) for a in r.get("accept_pos", [])) or "–"
+            lines.append(f"| {s} | {m} | {_fmt(r['tau'])} | {r['tokens_per_s']:.1f} | {_fmt(r.get('speedup_vs_ar'))}x | "
+                         f"{_fmt(r.get('speedup_vs_hf'))}x | {_fmt(r.get('draft_ms'))} | {_fmt(r.get('verify_ms'))} | "
+                         f"{_fmt(r.get('bound_vs_ar'))} | {_fmt(r.get('measured_over_bound'))} | "
+                         f"{(str(ll['equal']) + '/' + str(ll['total'])) if ll else 'ref'} | {pos} |")
+    return "\n".join(lines)
+
+
+def plots(results: dict, out_dir: Path) -> list[Path]:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths = []
+    fig, axes = plt.subplots(1, len(results), figsize=(5 * len(results), 3.6), squeeze=False)
+    for ax, (s, res) in zip(axes[0], results.items()):
+        for m, r in res.items():
+            if r.get("accept_pos") if not m.startswith("_") else None:
+                ax.plot(range(len(r["accept_pos"])), r["accept_pos"], marker="o", label=m)
+        ax.set_title(f"{s}: acceptance per draft position"); ax.set_xlabel("position k"); ax.set_ylim(0, 1)
+        ax.legend()
+    fig.tight_layout(); fig.savefig(out_dir / "accept_pos.png", dpi=110); plt.close(fig)
+    paths.append(out_dir / "accept_pos.png")
+    fig, axes = plt.subplots(1, len(results), figsize=(5 * len(results), 3.6), squeeze=False)
+    for ax, (s, res) in zip(axes[0], results.items()):
+        ms = [m for m in res if not m.startswith("_") and res[m].get("speedup_vs_ar") is not None]
+        ax.bar(ms, [res[m]["speedup_vs_ar"] for m in ms])
+        ax.axhline(1.0, color="k", lw=0.8)
+        ax.set_title(f"{s}: speedup over ar"); ax.tick_params(axis="x", rotation=30)
+    fig.tight_layout(); fig.savefig(out_dir / "speedup.png", dpi=110); plt.close(fig)
+    paths.append(out_dir / "speedup.png")
+    return paths
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m domino_lab.bench", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--target", default="default")
+    p.add_argument("--sets", nargs="+", default=["math", "humaneval"], help="eval set names or JSONL files")
+    p.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS, metavar="METHOD",
+                   help=f"any of {', '.join(METHODS)}")
+    p.add_argument("--domino", default="default", help="drafter for `domino` (checkpoint dir or shipped name)")
+    p.add_argument("--dflash", default="default-dflash", help="drafter for `dflash`")
+    p.add_argument("--assistant", default="default-assistant", help="assistant model for `hf-assisted`")
+    p.add_argument("--prompt-lookup-tokens", type=int, default=10)
+    p.add_argument("--limit", type=int, default=None, help="first N prompts of every set")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--warmup", type=int, default=2, help="prompts decoded by every method before timing")
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--out", default="runs/bench", help="folder for bench.json, bench.md and the plots")
+    p.add_argument("--mlflow", action="store_true", help="also log bench/{set}/{method}/... to MLflow")
+    p.add_argument("--tracking-uri", default=None)
+    p.add_argument("--batch-sizes", nargs="*", type=int, default=[],
+                   help="also measure batched decoding (ar and our drafters) at these batch sizes, e.g. 1 2 4 8 16")
+    p.add_argument("--quick", action="store_true", help="2 prompts per set, 16 new tokens, 1 warm-up (tests)")
+    return p
+
+
+def load_assistant(spec: str, target, dtype):
+    from transformers import AutoModelForCausalLM
+
+    path = Path(__file__).parent / "assets" / "assistant" if spec == "default-assistant" else Path(spec)
+    if not (Path(path) / "config.json").exists():
+        raise UserError(f"assistant '{spec}' is not a model directory; train one with "
+                        "`python -m domino_lab.pretrain_target --config experiments/configs/assistant.yaml` "
+                        "or drop hf-assisted from --methods")
+    m = AutoModelForCausalLM.from_pretrained(str(path), dtype=target.dtype).to(target.device).eval()
+    if m.get_output_embeddings().weight.shape[0] != target.vocab_size:
+        raise UserError(f"assistant '{spec}' has another vocabulary than the target; it must share the tokenizer")
+    return m
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.quick:
+        args.limit, args.max_new_tokens, args.warmup = args.limit or 2, 16, 1
+    for flag in ("max_new_tokens", "prompt_lookup_tokens"):
+        if getattr(args, flag) < 1:
+            raise UserError(f"--{flag.replace('_', '-')} must be at least 1")
+    if any(x < 1 for x in args.batch_sizes):
+        raise UserError("--batch-sizes must be positive integers")
+    if args.warmup < 0:
+        raise UserError("--warmup must be >= 0")
+    from .data.eval_sets import load_eval_set
+
+    # bad names fail before any model loads; a JSONL file is reported under its stem
+    sets = {Path(s).stem if s.endswith(".jsonl") else s: load_eval_set(s, limit=args.limit) for s in args.sets}
+    import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    from .models import load_drafter
+    from .target import Target
+
+    target = Target.from_pretrained(args.target, dtype=args.dtype)
+    drafters = {m: load_drafter(getattr(args, m), target) for m in ("dflash", "domino") if m in args.methods}
+    assistant = load_assistant(args.assistant, target, args.dtype) if "hf-assisted" in args.methods else None
+    methods = [m for m in METHODS if m in args.methods]
+    if "ar" not in methods:
+        methods.insert(0, "ar")     # the reference for losslessness and speedup
+    b = Bench(target, methods, drafters, assistant, args.max_new_tokens, args.prompt_lookup_tokens)
+    started = time.time()
+    results = {s: bench_set(b, prompts, args.warmup) for s, prompts in sets.items()}
+    batched = {s: bench_batched(b, prompts, args.batch_sizes) for s, prompts in sets.items()} if args.batch_sizes else {}
+    meta = {"command": "python -m domino_lab.bench " + " ".join(argv if argv is not None else sys.argv[1:]),
+            "machine": f"{platform.machine()}, {__import__('os').cpu_count()} CPUs, {torch.get_num_threads()} torch "
+                       f"threads, torch {torch.__version__}", "date": time.strftime("%Y-%m-%d %H:%M"),
+            "target": args.target, "drafters": {m: getattr(args, m) for m in drafters},
+            "max_new_tokens": args.max_new_tokens, "wall_s": round(time.time() - started, 1)}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    md = table(results)
+    with atomic_path(out / "bench.json") as t:
+        t.write_text(json.dumps({"meta": meta, "results": results, "batched": batched}, indent=1))
+    pngs = plots(results, out)
+    notes = []
+    for s, res in results.items():
+        for m, r in res.items():
+            ll = r.get("lossless") if not m.startswith("_") else None
+            if ll and ll["equal"] != ll["total"]:
+                notes.append(f"**{s}/{m}: output differs from `ar` on {ll['total'] - ll['equal']} prompt(s) "
+                             f"{ll['mismatch_prompts'][:10]}.**")
+        for size, row in batched.get(s, {}).items():
+            for m, r in row.items():
+                if r["lossless"] != len(sets[s]):
+                    notes.append(f"**{s}/batch {size}/{m}: output differs from `ar` on "
+                                 f"{len(sets[s]) - r['lossless']} prompt(s).**")
+    text = (f"`{meta['command']}`\n\n{meta['machine']}; {meta['date']}; {meta['wall_s']} s\n\n{md}\n\n"
+            + ("\n".join(notes) + "\n\n" if notes else "Every method's output equals `ar`'s on every prompt.\n\n")
+            + (f"Batched decoding (ragged acceptance; same prompts in consecutive batches):\n\n"
+               f"{batched_table(batched, {s: len(p) for s, p in sets.items()})}\n\n" if batched else "")
+            + "\n".join(f"![{p.stem}]({p.name})" for p in pngs) + "\n")
+    (out / "bench.md").write_text(text)
+    if args.mlflow:
+        _log_mlflow(results, meta, out, args.tracking_uri)
+    print(md)
+    print("\n".join(notes) or "lossless: every method equals ar on every prompt", file=sys.stderr)
+    print(f"wrote {out / 'bench.md'} and {out / 'bench.json'}", file=sys.stderr)
+    return 1 if notes else 0
+
+
+def _log_mlflow(results: dict, meta: dict, out: Path, uri: str | None) -> None:
+    import mlflow
+
+    from .training.tracking import default_tracking_uri
+
+    mlflow.set_tracking_uri(uri or default_tracking_uri())
+    mlflow.set_experiment("bench")
+    with mlflow.start_run(run_name=f"bench-{meta['date']}"):
+        mlflow.log_params({"target": meta["target"], "max_new_tokens": meta["max_new_tokens"],
+                           **{f"drafter.{k}": v for k, v in meta["drafters"].items()}})
+        for s, res in results.items():
+            for m, r in res.items():
+                if m.startswith("_"):
+                    continue
+                for k in ("tau", "tokens_per_s", "speedup_vs_ar", "speedup_vs_hf"):
+                    if r.get(k) is not None:
+                        mlflow.log_metric(f"bench/{s}/{m}/{k}".replace("-", "_"), r[k])
+        mlflow.log_artifacts(str(out))
+
+
+if __name__ == "__main__":
+    run_cli(main)

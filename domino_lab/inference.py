@@ -1,0 +1,117 @@
+"""Speculative inference as a LightningModule: `Trainer.predict` over an eval set runs the engine on every
+prompt, so the same code runs on CPU, on a GPU (bf16 via `precision`), and data-parallel over devices.
+
+    from domino_lab.inference import predict
+    rows = predict("default", "default", "math", max_new_tokens=128)          # one dict per prompt
+
+or `python -m domino_lab.inference --prompts math --out runs/predict.jsonl [--devices 2 --strategy ddp]`.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import lightning.pytorch as pl
+from torch.utils.data import DataLoader
+
+from .errors import UserError, atomic_path, run_cli
+
+
+class SpeculativeDecoder(pl.LightningModule):
+    """Wraps a frozen target and drafter; `predict_step(batch)` decodes each prompt of the batch and returns
+    one record per prompt (the generate contract of DESIGN §6, with the per-step records)."""
+
+    def __init__(self, target, drafter=None, max_new_tokens: int = 128, temperature: float = 0.0,
+                 top_p: float = 1.0, block_size: int | None = None, seed: int = 0, steps: bool = True):
+        super().__init__()
+        self.target, self.drafter = target, drafter
+        # registered as submodules so Lightning moves them to the device (and casts them for the precision)
+        self.target_model = target.model
+        self.draft_model = drafter
+        self.gen = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, block_size=block_size)
+        self.seed, self.steps = seed, steps
+
+    def predict_step(self, batch: list[dict], batch_idx: int, dataloader_idx: int = 0) -> list[dict]:
+        from .decoding import speculative_generate
+
+        out = []
+        for i, row in enumerate(batch):
+            res = speculative_generate(self.target, self.drafter, prompt=row["prompt"],
+                                       seed=self.seed + batch_idx * len(batch) + i, **self.gen)
+            out.append({"id": row["id"], "rank": self.global_rank} | res.to_dict(steps=self.steps))
+        return out
+
+
+def _collate(rows: list[dict]) -> list[dict]:
+    return rows
+
+
+def predict(target, drafter, prompts, *, max_new_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0,
+            block_size: int | None = None, seed: int = 0, batch_size: int = 1, accelerator: str = "auto",
+            devices="auto", strategy: str = "auto", precision: str | None = None, dtype: str | None = None,
+            steps: bool = True) -> list[dict]:
+    """Decode an eval set (name, JSONL path or list of {id, prompt}) with `Trainer.predict`; returns this
+    process's rows (all rows on a single device; each rank's share under data parallelism)."""
+    from .data.eval_sets import load_eval_set
+    from .models import load_drafter
+    from .target import Target
+
+    rows = load_eval_set(prompts) if isinstance(prompts, (str, Path)) else list(prompts)
+    if not rows:
+        raise UserError("no prompts to decode")
+    if isinstance(target, str):
+        target = Target.from_pretrained(target, dtype=dtype)
+    if isinstance(drafter, str):
+        drafter = load_drafter(drafter, target)
+    module = SpeculativeDecoder(target, drafter, max_new_tokens, temperature, top_p, block_size, seed, steps)
+    trainer = pl.Trainer(accelerator=accelerator, devices=devices, strategy=strategy,
+                         precision=precision or "32-true", logger=False, enable_checkpointing=False,
+                         enable_progress_bar=sys.stderr.isatty(), enable_model_summary=False)
+    # the distributed sampler shards the prompts over ranks (Lightning inserts it under ddp)
+    loader = DataLoader(rows, batch_size=batch_size, collate_fn=_collate, shuffle=False)
+    batches = trainer.predict(module, dataloaders=loader)
+    return [r for b in batches or [] for r in b]
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m domino_lab.inference", description=__doc__.split("\n\n")[0])
+    p.add_argument("--target", default="default")
+    p.add_argument("--drafter", default="default", help="checkpoint dir, shipped name, or 'none'")
+    p.add_argument("--prompts", required=True, help="eval set name (math, humaneval, code) or JSONL file")
+    p.add_argument("--out", required=True, help="JSONL output (one row per prompt; rank files under DDP)")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--batch-size", type=int, default=1)
+    p.add_argument("--accelerator", default="auto")
+    p.add_argument("--devices", default="auto")
+    p.add_argument("--strategy", default="auto")
+    p.add_argument("--precision", default=None, help="e.g. bf16-mixed on GPU (default 32-true)")
+    p.add_argument("--dtype", default=None)
+    p.add_argument("--limit", type=int, default=None)
+    args = p.parse_args(argv)
+    from .data.eval_sets import load_eval_set
+
+    if args.max_new_tokens < 1:
+        raise UserError("--max-new-tokens must be at least 1")
+    rows = load_eval_set(args.prompts, limit=args.limit)
+    devices = int(args.devices) if str(args.devices).isdigit() else args.devices
+    out = predict(args.target, args.drafter, rows, max_new_tokens=args.max_new_tokens,
+                  temperature=args.temperature, batch_size=args.batch_size, accelerator=args.accelerator,
+                  devices=devices, strategy=args.strategy, precision=args.precision, dtype=args.dtype)
+    path = Path(args.out)
+    rank = out[0]["rank"] if out else 0
+    if rank:
+        path = path.with_name(f"{path.stem}.rank{rank}{path.suffix}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(path) as t:
+        t.write_text("".join(json.dumps(r) + "\n" for r in out))
+    taus = [r["mean_acceptance_length"] for r in out if r["acceptance_lengths"]]
+    print(json.dumps({"out": str(path), "prompts": len(out),
+                      "mean_tau": sum(taus) / len(taus) if taus else None}))
+    return 0
+
+
+if __name__ == "__main__":
+    run_cli(main)

@@ -1,0 +1,71 @@
+"""Aggregate `compare_drafters.py` results over seeds: per-seed τ ratios and pooled per-prompt paired differences.
+
+    python experiments/seed_summary.py --runs experiments/results/drafters_s0.json experiments/results/drafters_s1.json \
+        --pair domino dflash --pair domino domino_no_curriculum --out experiments/results/drafters_seeds.md
+
+At laptop scale the seed-to-seed spread is as large as the effect (DESIGN §8): a claim rests on every seed
+agreeing and on the paired differences, not on one run.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+from pathlib import Path
+
+from domino_lab.errors import UserError, run_cli
+
+
+def summarize(runs: list[dict], a: str, b: str) -> dict:
+    out = {}
+    for s in runs[0]["sets"]:
+        ratios, diffs = [], []
+        for r in runs:
+            res = r["sets"][s]
+            if a not in res or b not in res:
+                raise UserError(f"set {s} of a run has no drafter {a!r} or {b!r}; names: {sorted(res)}")
+            ratios.append(res[a]["tau"] / res[b]["tau"])
+            ta = {p["id"]: p["tau"] for p in res[a]["per_prompt"]}
+            diffs += [ta[p["id"]] - p["tau"] for p in res[b]["per_prompt"] if p["id"] in ta and p["steps"] > 0]
+        mean = statistics.fmean(diffs)
+        se = statistics.stdev(diffs) / math.sqrt(len(diffs)) if len(diffs) > 1 else float("nan")
+        out[s] = {"ratios": ratios, "ratio_mean": statistics.fmean(ratios),
+                  "ratio_sd": statistics.stdev(ratios) if len(ratios) > 1 else 0.0,
+                  "pooled_diff": mean, "pooled_ci95": [mean - 1.96 * se, mean + 1.96 * se], "n": len(diffs),
+                  "wins": sum(d > 0 for d in diffs), "losses": sum(d < 0 for d in diffs)}
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--runs", nargs="+", required=True, help="compare_drafters.py JSON files, one per seed")
+    p.add_argument("--pair", nargs=2, action="append", required=True, metavar=("A", "B"))
+    p.add_argument("--out", required=True, help="markdown output (JSON beside it)")
+    args = p.parse_args(argv)
+    runs = []
+    for f in args.runs:
+        try:
+            runs.append(json.loads(Path(f).read_text()))
+        except (OSError, json.JSONDecodeError) as e:
+            raise UserError(f"cannot read {f}: {e}") from None
+    result = {f"{a}_vs_{b}": summarize(runs, a, b) for a, b in args.pair}
+    lines = [f"Seeds: {len(runs)} ({', '.join(args.runs)})", "",
+             "| pair | set | τ ratio per seed | mean ± sd | pooled per-prompt Δτ (95% CI) | wins/losses |",
+             "|---|---|---|---|---|---|"]
+    for pair, sets in result.items():
+        for s, r in sets.items():
+            lines.append(f"| {pair} | {s} | {' '.join(f'{x:.3f}' for x in r['ratios'])} | "
+                         f"{r['ratio_mean']:.3f} ± {r['ratio_sd']:.3f} | {r['pooled_diff']:+.3f} "
+                         f"({r['pooled_ci95'][0]:+.3f}, {r['pooled_ci95'][1]:+.3f}), n={r['n']} | "
+                         f"{r['wins']}/{r['losses']} |")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("\n".join(lines) + "\n")
+    out.with_suffix(".json").write_text(json.dumps(result, indent=1))
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    run_cli(main)

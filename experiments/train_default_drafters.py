@@ -1,0 +1,195 @@
+"""Train the shipped default drafters and the curriculum ablation on the embedded target, over several seeds.
+
+    python experiments/train_default_drafters.py --seeds 0 1 2 --parallel 2 --ship
+
+One `python -m domino_lab.train` process per (recipe, seed), all with the same regenerated data, steps and
+seeds; `--parallel 2` runs two at a time with one torch thread each (2 cores). Finished runs (result.json)
+are skipped, so rerunning after an interruption continues. `--ship` copies seed 0's best-by-val/τ drafters
+of `domino` and `dflash` to domino_lab/assets/drafter-domino and drafter-dflash (the `default` and
+`default-dflash` names). Writes experiments/results/drafters_training.{md,json} and a plot of the base
+loss with and without the curriculum (the paper's ablation, its Figure 3 in kind).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from domino_lab.errors import UserError, run_cli
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = ROOT / "experiments" / "configs"
+RESULTS = ROOT / "experiments" / "results"
+SHIP = {"domino": "drafter-domino", "dflash": "drafter-dflash"}
+
+
+def run_dir(runs: Path, recipe: str, seed: int) -> Path:
+    return runs / f"{recipe}-s{seed}"
+
+
+def launch(recipe: str, seed: int, runs: Path, threads: int, overrides: list[str]) -> subprocess.Popen:
+    out = run_dir(runs, recipe, seed)
+    out.mkdir(parents=True, exist_ok=True)
+    resume = ["--resume"] if (out / "checkpoints").is_dir() and any((out / "checkpoints").glob("*.ckpt")) else []
+    cmd = [sys.executable, "-m", "domino_lab.train", "--config", str(CONFIGS / f"{recipe}.yaml"), *resume,
+           f"seed={seed}", f"out_dir={out}", f"run_name={recipe}-s{seed}", f"threads={threads}",
+           "progress_bar=false", "experiment=default-drafters", *overrides]
+    log = open(out / "train.log", "a")
+    print(f"[start] {recipe} seed {seed}: {' '.join(cmd[1:])}", file=sys.stderr)
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+    proc.started, proc.job, proc.logfile = time.time(), (recipe, seed), log
+    return proc
+
+
+def train_all(recipes, seeds, runs: Path, parallel: int, overrides) -> dict:
+    todo = [(r, s) for s in seeds for r in recipes if not (run_dir(runs, r, s) / "result.json").exists()]
+    threads = max(1, 2 // parallel) if parallel <= 2 else 1
+    walls: dict = {}
+    live: list = []
+    while todo or live:
+        while todo and len(live) < parallel:
+            live.append(launch(*todo.pop(0), runs, threads, overrides))
+        time.sleep(2)
+        for p in list(live):
+            if p.poll() is None:
+                continue
+            live.remove(p)
+            p.logfile.close()
+            walls[p.job] = time.time() - p.started
+            if p.returncode != 0:
+                for q in live:
+                    q.terminate()
+                tail = (run_dir(runs, *p.job) / "train.log").read_text().strip().splitlines()[-1:]
+                raise UserError(f"training {p.job[0]} seed {p.job[1]} failed (exit {p.returncode}): "
+                                f"{tail[0] if tail else '?'}; see {run_dir(runs, *p.job) / 'train.log'}")
+            print(f"[done] {p.job[0]} seed {p.job[1]} in {walls[p.job] / 60:.1f} min", file=sys.stderr)
+    return walls
+
+
+def base_loss_curves(runs: Path, recipes, seeds) -> dict:
+    """train/loss_base per step from each run's MLflow history (mean over seeds)."""
+    from mlflow.tracking import MlflowClient
+
+    from domino_lab.training.tracking import default_tracking_uri
+
+    client = MlflowClient(default_tracking_uri())
+    curves = {}
+    for r in recipes:
+        per_seed = []
+        for s in seeds:
+            run_id = json.loads((run_dir(runs, r, s) / "mlflow_run.json").read_text())["run_id"]
+            hist = sorted(client.get_metric_history(run_id, "train/loss_base"), key=lambda m: m.step)
+            per_seed.append({m.step: m.value for m in hist})
+        steps = sorted(set.intersection(*(set(h) for h in per_seed)))
+        curves[r] = {"steps": steps, "loss_base": [sum(h[t] for h in per_seed) / len(per_seed) for t in steps]}
+    return curves
+
+
+def _wall_min(client, run_id: str) -> float | None:
+    info = client.get_run(run_id).info          # the MLflow run spans the whole training process
+    return round((info.end_time - info.start_time) / 60000, 1) if info.end_time else None
+
+
+def smooth(xs: list[float], w: int = 25) -> list[float]:
+    out, acc = [], 0.0
+    for i, x in enumerate(xs):
+        acc += x - (xs[i - w] if i >= w else 0.0)
+        out.append(acc / min(i + 1, w))
+    return out
+
+
+def plot_curves(curves: dict, out_png: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    for r, c in curves.items():
+        ax.plot(c["steps"], smooth(c["loss_base"]), label=r)
+    ax.set_xlabel("step")
+    ax.set_ylabel("CE of the base (backbone) logits, running mean of 25")
+    ax.set_title("Base loss with and without the base-anchored curriculum")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out_png, dpi=110)
+    plt.close(fig)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--recipes", nargs="+", default=["domino", "dflash", "domino_no_curriculum"])
+    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    p.add_argument("--parallel", type=int, default=2, help="training processes at once (2 cores: 2 x 1 thread)")
+    p.add_argument("--runs-dir", default="runs/default-drafters")
+    p.add_argument("--ship", action="store_true", help="copy seed 0's domino/dflash to domino_lab/assets")
+    p.add_argument("overrides", nargs="*", help="key=value applied to every recipe (e.g. max_steps=600)")
+    args = p.parse_args(argv)
+    for r in args.recipes:
+        if not (CONFIGS / f"{r}.yaml").exists():
+            raise UserError(f"no recipe experiments/configs/{r}.yaml")
+    if args.parallel < 1:
+        raise UserError("--parallel must be at least 1")
+    runs = Path(args.runs_dir)
+    started = time.time()
+    walls = train_all(args.recipes, args.seeds, runs, args.parallel, args.overrides)
+
+    # the summary covers every finished run in the folder (earlier invocations' too)
+    from mlflow.tracking import MlflowClient
+
+    from domino_lab.training.tracking import default_tracking_uri
+
+    client = MlflowClient(default_tracking_uri())
+    rows, done = [], {}
+    for f in sorted(runs.glob("*-s*/result.json")):
+        r, s = f.parent.name.rsplit("-s", 1)
+        res = json.loads(f.read_text())
+        done.setdefault(r, set()).add(int(s))
+        rows.append({"recipe": r, "seed": int(s), "steps": res["steps"], "best_val_tau": res["best_tau"],
+                     "wall_min": _wall_min(client, res["run_id"]),
+                     "best_dir": res["best_dir"]})
+    domino_recipes = [r for r in done if r.startswith("domino")]
+    common = sorted(set.intersection(*(done[r] for r in domino_recipes))) if domino_recipes else []
+    curves = base_loss_curves(runs, domino_recipes, common) if common else {}
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    plot_curves(curves, RESULTS / "curriculum_base_loss.png")
+    if args.ship:
+        for method, asset in SHIP.items():
+            src = run_dir(runs, method, args.seeds[0]) / "best"
+            if method in args.recipes and src.is_dir():
+                dst = ROOT / "domino_lab" / "assets" / asset
+                shutil.rmtree(dst, ignore_errors=True)
+                shutil.copytree(src, dst)
+                res = json.loads((run_dir(runs, method, args.seeds[0]) / "result.json").read_text())
+                (dst / "README.md").write_text(
+                    f"# `{'default' if method == 'domino' else 'default-dflash'}` drafter ({method})\n\n"
+                    f"Trained on the embedded default target by `python experiments/train_default_drafters.py "
+                    f"{' '.join(argv if argv is not None else sys.argv[1:])}` with recipe "
+                    f"`experiments/configs/{method}.yaml`, seed {args.seeds[0]}, {res['steps']} steps; exported "
+                    f"at the best validation τ ({res['best_tau']:.3f} on the recipe's validation prompts). Results over "
+                    f"seeds and eval sets: `experiments/results/drafters*.md`.\n")
+                print(f"[ship] {src} -> {dst}", file=sys.stderr)
+    final_base = {r: round(sum(c["loss_base"][-50:]) / len(c["loss_base"][-50:]), 4) for r, c in curves.items()}
+    summary = {"command": "python experiments/train_default_drafters.py " + " ".join(argv or sys.argv[1:]),
+               "machine": f"{platform.machine()}, {__import__('os').cpu_count()} CPUs, {args.parallel} runs at once",
+               "date": time.strftime("%Y-%m-%d %H:%M"), "wall_min_total": round((time.time() - started) / 60, 1),
+               "runs": rows, "final_base_loss_last50_mean_over_seeds": final_base}
+    (RESULTS / "drafters_training.json").write_text(json.dumps(summary, indent=1))
+    lines = [f"`{summary['command']}` ({summary['machine']}, {summary['date']}, {summary['wall_min_total']} min)", "",
+             "| recipe | seed | steps | best val τ | wall min |", "|---|---|---|---|---|"]
+    lines += [f"| {x['recipe']} | {x['seed']} | {x['steps']} | {x['best_val_tau']:.3f} | {x['wall_min'] or '–'} |"
+              for x in rows]
+    lines += ["", f"Base-logit CE, mean of the last 50 logged steps, averaged over seeds {common}: "
+              + ", ".join(f"{r} {v}" for r, v in final_base.items()), "",
+              "![base loss](curriculum_base_loss.png)"]
+    (RESULTS / "drafters_training.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    run_cli(main)

@@ -1,0 +1,102 @@
+"""Speculative inference as a LightningModule and `python -m domino_lab.bench` (issue 5), on tiny targets."""
+import json
+
+import pytest
+
+from domino_lab import Drafter, Target, speculative_generate
+from domino_lab.errors import run_cli
+from core_helpers import make_target_dir
+
+
+@pytest.fixture(scope="module")
+def dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("bench")
+    tdir = make_target_dir(root / "target", max_pos=256)
+    # an assistant: same tokenizer, other (smaller) weights
+    adir = make_target_dir(root / "assistant", hidden=16, max_pos=256, seed=3)
+    target = Target.from_pretrained(str(tdir), dtype="float64")
+    for method in ("domino", "dflash"):
+        Drafter.untrained(target, method, seed=1).save_pretrained(root / method)
+    prompts = root / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"id": f"p{i}", "prompt": p}) + "\n" for i, p in
+                               enumerate(["def add(a, b):", "Question: Tom has 3 apples", "return a +"])))
+    return root, str(tdir), str(adir), str(prompts)
+
+
+def test_predict_step_matches_the_engine(dirs):
+    from domino_lab.inference import predict
+
+    root, tdir, _, prompts = dirs
+    target = Target.from_pretrained(tdir, dtype="float64")
+    drafter = Drafter.from_pretrained(root / "domino", target)
+    rows = predict(target, drafter, prompts, max_new_tokens=20, accelerator="cpu", devices=1, batch_size=2)
+    assert [r["id"] for r in rows] == ["p0", "p1", "p2"]
+    for r, text in zip(rows, ["def add(a, b):", "Question: Tom has 3 apples", "return a +"]):
+        plain = speculative_generate(target, None, prompt=text, max_new_tokens=20).token_ids
+        assert r["token_ids"] == plain            # lossless through Trainer.predict
+        assert len(r["steps"]) == len(r["acceptance_lengths"]) > 0
+
+
+def test_quick_bench_writes_table_json_and_checks_losslessness(dirs, tmp_path, capsys):
+    from domino_lab.bench import main
+
+    root, tdir, adir, prompts = dirs
+    out = tmp_path / "bench"
+    argv = ["--target", tdir, "--dtype", "float64", "--sets", prompts, "--quick", "--out", str(out),
+            "--domino", str(root / "domino"), "--dflash", str(root / "dflash"), "--assistant", adir,
+            "--batch-sizes", "1", "2", "--mlflow", "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}"]
+    assert main(argv) == 0
+    res = json.loads((out / "bench.json").read_text())["results"]["prompts"]
+    methods = {"ar", "hf", "hf-prompt-lookup", "hf-assisted", "dflash", "domino"}
+    assert methods <= set(res)
+    for m in methods - {"ar"}:
+        assert res[m]["lossless"]["equal"] == res[m]["lossless"]["total"] == 2, m
+        assert res[m]["tokens_per_s"] > 0 and res[m]["speedup_vs_ar"] > 0
+    target = Target.from_pretrained(tdir)
+    for m in ("dflash", "domino"):
+        n = Drafter.from_pretrained(root / m, target).config.num_drafts
+        assert res[m]["tau"] >= 1 and len(res[m]["accept_pos"]) == n and res[m]["bound_vs_ar"] > 0
+    assert res["hf"]["tau"] == pytest.approx(1.0)       # plain HF decoding: one token per forward
+    batched = json.loads((out / "bench.json").read_text())["batched"]["prompts"]
+    for size in ("1", "2"):
+        assert {m: r["lossless"] for m, r in batched[size].items()} == {"ar": 2, "dflash": 2, "domino": 2}
+    md = (out / "bench.md").read_text()
+    assert "| hf-assisted |" in md and "equals `ar`" in md
+    assert (out / "speedup.png").exists() and (out / "accept_pos.png").exists()
+
+
+def test_bench_bad_input_is_one_clear_line(dirs, tmp_path, capsys):
+    from domino_lab.bench import main
+
+    root, tdir, _, prompts = dirs
+    for argv, msg in ((["--sets", "nope"], "nope"),
+                      (["--sets", prompts, "--target", tdir, "--methods", "ar", "hf-assisted", "--assistant",
+                        str(tmp_path / "missing")], "assistant"),
+                      (["--max-new-tokens", "0"], "--max-new-tokens")):
+        with pytest.raises(SystemExit) as e:
+            run_cli(main, argv + ["--out", str(tmp_path / "o")])
+        err = [x for x in capsys.readouterr().err.splitlines() if x.startswith("error:")]
+        assert e.value.code == 2 and len(err) == 1 and msg in err[0], err
+    assert not (tmp_path / "o").exists()
+
+
+def test_predict_data_parallel_two_cpu_processes(dirs, tmp_path):
+    """`Trainer.predict` under DDP (gloo, 2 CPU processes): each rank decodes its share; together all prompts."""
+    import os
+    import subprocess
+    import sys
+
+    root, tdir, _, prompts = dirs
+    out = tmp_path / "pred.jsonl"
+    q = subprocess.run([sys.executable, "-m", "domino_lab.inference", "--target", tdir, "--drafter",
+                        str(root / "domino"), "--prompts", prompts, "--out", str(out), "--max-new-tokens", "12",
+                        "--accelerator", "cpu", "--devices", "2", "--strategy", "ddp", "--dtype", "float64"],
+                       capture_output=True, text=True, timeout=400, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert q.returncode == 0, q.stderr[-3000:]
+    rows = [json.loads(x) for f in (out, tmp_path / "pred.rank1.jsonl") for x in f.read_text().splitlines()]
+    assert {r["rank"] for r in rows} == {0, 1}
+    assert {r["id"] for r in rows} == {"p0", "p1", "p2"}     # the sampler pads 3 prompts to 2 x 2
+    target = Target.from_pretrained(tdir, dtype="float64")
+    texts = {json.loads(x)["id"]: json.loads(x)["prompt"] for x in open(prompts)}
+    for r in rows:
+        assert r["token_ids"] == speculative_generate(target, None, prompt=texts[r["id"]], max_new_tokens=12).token_ids
