@@ -3,6 +3,7 @@ pruning, and the end-of-sweep report (plots, summary, the answer)."""
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
 from pathlib import Path
 
 import optuna
@@ -58,7 +59,8 @@ class SweepRunner:
             raise UserError(f"cannot create sweep folder {self.dir}: {e.strerror}") from None
         self.storage_url = sweep.storage or f"sqlite:///{(Path(sweep.out_dir) / 'optuna.db').resolve()}"
         self.tracking_uri = sweep.tracking_uri or default_tracking_uri()
-        self.client = MlflowClient(self.tracking_uri)
+        with self._setup_lock():
+            self.client = MlflowClient(self.tracking_uri)      # creates MLflow's tables if the file is new
         self.target = None
         self.t_ar_ms = None
 
@@ -72,6 +74,22 @@ class SweepRunner:
                 heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=1))
         except Exception as e:   # bad URL, unreachable server, missing driver: one clear line
             raise UserError(f"cannot open Optuna storage {self.storage_url}: {str(e).splitlines()[0]}") from None
+
+    @contextmanager
+    def _setup_lock(self):
+        """Workers started together on fresh sqlite files race to create the tables (Optuna's and MLflow's):
+        one at a time on this machine. Server databases (postgresql://…) handle this themselves."""
+        try:
+            import fcntl
+        except ImportError:      # not POSIX: no lock
+            yield
+            return
+        with open(self.dir / ".setup.lock", "w") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(f, fcntl.LOCK_UN)
 
     def _study(self):
         directions = [DIRECTIONS[o] for o in self.sweep.objectives]
@@ -136,7 +154,8 @@ class SweepRunner:
     def run(self) -> dict:
         from .target import Target
 
-        study = self._study()
+        with self._setup_lock():
+            study = self._study()
         base = trial_config(self.sweep, {}, 0)
         self.target = Target.from_pretrained(base.target, dtype=base.dtype)
         ensure_training_data(base, self.target, self.sweep)

@@ -111,6 +111,10 @@ def plot_curves(curves: dict, out_png: Path) -> None:
     fig, ax = plt.subplots(figsize=(6.5, 4))
     for r, c in curves.items():
         ax.plot(c["steps"], smooth(c["loss_base"]), label=r)
+    # the first steps (CE ~ 35 from the random init) would flatten the part that differs
+    tail = [v for c in curves.values() for t, v in zip(c["steps"], smooth(c["loss_base"])) if t >= 50]
+    if tail:
+        ax.set_ylim(min(tail) - 0.2, max(tail) + 0.2)
     ax.set_xlabel("step")
     ax.set_ylabel("CE of the base (backbone) logits, running mean of 25")
     ax.set_title("Base loss with and without the base-anchored curriculum")
