@@ -48,16 +48,14 @@ class Bench:
 
     def run(self, method: str, ids: list[int]) -> Run:
         from .decoding import speculative_generate
+        from .evaluate import count_acceptance
 
         if method in OURS:
             res = speculative_generate(self.target, self.drafters.get(method), prompt_ids=ids,
                                        max_new_tokens=self.max_new)
             n = self.drafters[method].config.num_drafts if method in self.drafters else 0
             reached, accepted = [0] * n, [0] * n
-            for s in res.steps:
-                for i in range(min(len(s.draft_tokens), s.accepted + 1)):
-                    reached[i] += 1
-                    accepted[i] += int(i < s.accepted)
+            count_acceptance(res.steps, reached, accepted)
             return Run(res.token_ids, res.wall_time_s, len(res.steps), res.acceptance_lengths, reached, accepted,
                        sum(s.draft_time_s for s in res.steps), sum(s.verify_time_s for s in res.steps))
         return self._hf(method, ids)

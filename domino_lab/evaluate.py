@@ -12,6 +12,14 @@ import statistics
 from .decoding import speculative_generate
 
 
+def count_acceptance(steps, reached: list[int], accepted: list[int]) -> None:
+    """Per draft position: how often a step reached it (all earlier drafts accepted) and accepted it."""
+    for s in steps:
+        for i in range(min(len(s.draft_tokens), s.accepted + 1)):
+            reached[i] += 1
+            accepted[i] += int(i < s.accepted)
+
+
 def evaluate(target, drafter, prompts: list[dict], max_new_tokens: int = 128, temperature: float = 0.0,
              seed: int = 0, progress: bool = False) -> dict:
     from tqdm.auto import tqdm
@@ -22,10 +30,8 @@ def evaluate(target, drafter, prompts: list[dict], max_new_tokens: int = 128, te
     for p in tqdm(prompts, disable=not progress, desc="decode"):
         res = speculative_generate(target, drafter, prompt=p["prompt"], max_new_tokens=max_new_tokens,
                                    temperature=temperature, seed=seed)
+        count_acceptance(res.steps, reached, accepted)
         for s in res.steps:
-            for i in range(min(len(s.draft_tokens), s.accepted + 1)):
-                reached[i] += 1
-                accepted[i] += int(i < s.accepted)
             draft_s += s.draft_time_s
             verify_s += s.verify_time_s
         c = sum(res.acceptance_lengths)

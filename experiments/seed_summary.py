@@ -10,30 +10,29 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import statistics
 from pathlib import Path
 
 from domino_lab.errors import UserError, run_cli
+from domino_lab.evaluate import paired
 
 
 def summarize(runs: list[dict], a: str, b: str) -> dict:
     out = {}
     for s in runs[0]["sets"]:
-        ratios, diffs = [], []
-        for r in runs:
+        ratios, pooled = [], {a: [], b: []}
+        for k, r in enumerate(runs):
             res = r["sets"][s]
             if a not in res or b not in res:
                 raise UserError(f"set {s} of a run has no drafter {a!r} or {b!r}; names: {sorted(res)}")
             ratios.append(res[a]["tau"] / res[b]["tau"])
-            ta = {p["id"]: p["tau"] for p in res[a]["per_prompt"]}
-            diffs += [ta[p["id"]] - p["tau"] for p in res[b]["per_prompt"] if p["id"] in ta and p["steps"] > 0]
-        mean = statistics.fmean(diffs)
-        se = statistics.stdev(diffs) / math.sqrt(len(diffs)) if len(diffs) > 1 else float("nan")
+            for name in (a, b):     # one pair per (seed, prompt): ids made unique per run
+                pooled[name] += [dict(p, id=f"{k}/{p['id']}") for p in res[name]["per_prompt"]]
+        pr = paired({"per_prompt": pooled[a], "tau": 1.0}, {"per_prompt": pooled[b], "tau": 1.0})
         out[s] = {"ratios": ratios, "ratio_mean": statistics.fmean(ratios),
                   "ratio_sd": statistics.stdev(ratios) if len(ratios) > 1 else 0.0,
-                  "pooled_diff": mean, "pooled_ci95": [mean - 1.96 * se, mean + 1.96 * se], "n": len(diffs),
-                  "wins": sum(d > 0 for d in diffs), "losses": sum(d < 0 for d in diffs)}
+                  "pooled_diff": pr["mean_diff"], "pooled_ci95": pr["ci95"], "n": pr["n"],
+                  "wins": pr["wins"], "losses": pr["losses"]}
     return out
 
 
