@@ -2,7 +2,8 @@
 user would pick instead, measured in one run, interleaved, after warm-up.
 
 Methods: `ar` (plain greedy through our engine), `hf` (`generate(do_sample=False)`), `hf-prompt-lookup`,
-`hf-assisted` (a small autoregressive assistant of the same tokenizer), `dflash` and `domino` (our drafters).
+`hf-assisted` (a small autoregressive assistant of the same tokenizer), `dflash` and `domino` (our drafters), and
+`domino-eager` (the same Domino drafter with the eager reference head, to show what the fast head saves).
 Every method's tokens are checked against `ar`'s on every prompt (greedy decoding is lossless).
 """
 from __future__ import annotations
@@ -17,8 +18,8 @@ from pathlib import Path
 
 from .errors import UserError, run_cli, atomic_path
 
-METHODS = ("ar", "hf", "hf-prompt-lookup", "hf-assisted", "dflash", "domino")
-OURS = ("ar", "dflash", "domino")
+METHODS = ("ar", "hf", "hf-prompt-lookup", "hf-assisted", "dflash", "domino-eager", "domino")
+OURS = ("ar", "dflash", "domino-eager", "domino")
 
 
 @dataclass
@@ -146,7 +147,7 @@ def bench_batched(b: Bench, prompts: list[dict], sizes: list[int], ref: dict | N
     from .decoding.batched import batched_generate
 
     ids = [b.target.encode(p["prompt"]) for p in prompts]
-    methods = [m for m in b.methods if m in OURS]
+    methods = [m for m in b.methods if m in OURS and m != "domino-eager"]   # the head's cost shows at batch 1
     batched_generate(b.target, None, ids[:2], 4)                       # warm-up
     out: dict = {}
     for size in sizes:
@@ -235,6 +236,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--domino", default="default", help="drafter for `domino` (checkpoint dir or shipped name)")
     p.add_argument("--dflash", default="default-dflash", help="drafter for `dflash`")
     p.add_argument("--assistant", default="default-assistant", help="assistant model for `hf-assisted`")
+    from .models.drafter import add_head_args
+    add_head_args(p)
     p.add_argument("--prompt-lookup-tokens", type=int, default=10)
     p.add_argument("--limit", type=int, default=None, help="first N prompts of every set")
     p.add_argument("--max-new-tokens", type=int, default=128)
@@ -288,6 +291,10 @@ def main(argv: list[str] | None = None) -> int:
 
     target = Target.from_pretrained(args.target, dtype=args.dtype)
     drafters = {m: load_drafter(getattr(args, m), target) for m in ("dflash", "domino") if m in args.methods}
+    if "domino" in drafters:
+        drafters["domino"].set_head(args.head_impl, args.candidate_pool)
+    if "domino-eager" in args.methods:
+        drafters["domino-eager"] = load_drafter(args.domino, target, head_impl="eager", candidate_pool=0)
     assistant = load_assistant(args.assistant, target, args.dtype) if "hf-assisted" in args.methods else None
     methods = [m for m in METHODS if m in args.methods]
     if "ar" not in methods:
@@ -299,7 +306,10 @@ def main(argv: list[str] | None = None) -> int:
     meta = {"command": "python -m domino_lab.bench " + " ".join(argv if argv is not None else sys.argv[1:]),
             "machine": f"{platform.machine()}, {__import__('os').cpu_count()} CPUs, {torch.get_num_threads()} torch "
                        f"threads, torch {torch.__version__}", "date": time.strftime("%Y-%m-%d %H:%M"),
-            "target": args.target, "drafters": {m: getattr(args, m) for m in drafters},
+            "target": args.target, "drafters": {m: args.domino if m == "domino-eager" else getattr(args, m)
+                                                for m in drafters},
+            "domino_head": {k: getattr(drafters["domino"].config, k) for k in ("head_impl", "candidate_pool")}
+            if "domino" in drafters else None,
             "max_new_tokens": args.max_new_tokens, "wall_s": round(time.time() - started, 1)}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -16,7 +16,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--target", default="default", help="HF model id, local model dir, or 'default' (embedded)")
     p.add_argument("--drafter", default="default",
                    help="checkpoint dir, shipped name (default, default-dflash), 'none' (plain decoding), "
-                        "or untrained:dflash / untrained:domino")
+                        "or untrained:dflash / untrained:domino / untrained:eagle")
     p.add_argument("--dtype", default="float32", help="float32 (CPU default), bfloat16, float64")
     p.add_argument("--device", default="cpu")
     src = p.add_mutually_exclusive_group(required=True)
@@ -28,6 +28,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--block-size", type=int, default=None, help="cap the block (drafts per step)")
     p.add_argument("--seed", type=int, default=0)
+    from .models.drafter import add_head_args
+    add_head_args(p)
     p.add_argument("--steps", action="store_true", help="include per-step records in the JSON")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
     return p
@@ -49,7 +51,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.block_size is not None and args.block_size < 1:
         raise UserError("--block-size must be >= 1")
     target = Target.from_pretrained(args.target, dtype=args.dtype, device=args.device)
-    drafter = load_drafter(args.drafter, target, block_size=args.block_size, seed=args.seed)
+    drafter = load_drafter(args.drafter, target, block_size=args.block_size, seed=args.seed,
+                           head_impl=args.head_impl, candidate_pool=args.candidate_pool)
     for row in prompts:
         res = speculative_generate(target, drafter, prompt=row["prompt"], max_new_tokens=args.max_new_tokens,
                                    temperature=args.temperature, top_p=args.top_p, block_size=args.block_size,

@@ -51,7 +51,7 @@ def _collate(rows: list[dict]) -> list[dict]:
 def predict(target, drafter, prompts, *, max_new_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0,
             block_size: int | None = None, seed: int = 0, batch_size: int = 1, accelerator: str = "auto",
             devices="auto", strategy: str = "auto", precision: str | None = None, dtype: str | None = None,
-            steps: bool = True) -> list[dict]:
+            steps: bool = True, head_impl: str | None = None, candidate_pool: int | None = None) -> list[dict]:
     """Decode an eval set (name, JSONL path or list of {id, prompt}) with `Trainer.predict`; returns this
     process's rows (all rows on a single device; each rank's share under data parallelism)."""
     from .data.eval_sets import load_eval_set
@@ -64,7 +64,7 @@ def predict(target, drafter, prompts, *, max_new_tokens: int = 128, temperature:
     if isinstance(target, str):
         target = Target.from_pretrained(target, dtype=dtype)
     if isinstance(drafter, str):
-        drafter = load_drafter(drafter, target)
+        drafter = load_drafter(drafter, target, head_impl=head_impl, candidate_pool=candidate_pool)
     module = SpeculativeDecoder(target, drafter, max_new_tokens, temperature, top_p, block_size, seed, steps)
     trainer = pl.Trainer(accelerator=accelerator, devices=devices, strategy=strategy,
                          precision=precision or "32-true", logger=False, enable_checkpointing=False,
@@ -90,6 +90,8 @@ def main(argv=None) -> int:
     p.add_argument("--precision", default=None, help="e.g. bf16-mixed on GPU (default 32-true)")
     p.add_argument("--dtype", default=None)
     p.add_argument("--limit", type=int, default=None)
+    from .models.drafter import add_head_args
+    add_head_args(p)
     args = p.parse_args(argv)
     from .data.eval_sets import load_eval_set
 
@@ -99,7 +101,8 @@ def main(argv=None) -> int:
     devices = int(args.devices) if str(args.devices).isdigit() else args.devices
     out = predict(args.target, args.drafter, rows, max_new_tokens=args.max_new_tokens,
                   temperature=args.temperature, batch_size=args.batch_size, accelerator=args.accelerator,
-                  devices=devices, strategy=args.strategy, precision=args.precision, dtype=args.dtype)
+                  devices=devices, strategy=args.strategy, precision=args.precision, dtype=args.dtype,
+                  head_impl=args.head_impl, candidate_pool=args.candidate_pool)
     path = Path(args.out)
     rank = out[0]["rank"] if out else 0
     if rank:

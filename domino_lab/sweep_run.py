@@ -18,6 +18,7 @@ from .sweep_space import make_pruner, make_sampler, suggest
 from .training.tracking import default_artifact_location, default_tracking_uri
 
 DIRECTIONS = {"tau": "maximize", "draft_ms": "minimize"}
+SETUP_LOCK_KEY = 0x646F6D696E6F     # pg_advisory_lock key ("domino") serialising table creation
 
 
 class StepPruningCallback(PyTorchLightningPruningCallback):
@@ -77,8 +78,14 @@ class SweepRunner:
 
     @contextmanager
     def _setup_lock(self):
-        """Workers started together on fresh sqlite files race to create the tables (Optuna's and MLflow's):
-        one at a time on this machine. Server databases (postgresql://…) handle this themselves."""
+        """Workers started together on fresh databases race to create the tables (Optuna's and MLflow's), on
+        PostgreSQL too ("duplicate key ... pg_type_typname_nsp_index"): one at a time. A file lock covers the
+        workers of this machine; a PostgreSQL advisory lock covers workers on other machines too."""
+        with self._file_lock(), self._server_locks():
+            yield
+
+    @contextmanager
+    def _file_lock(self):
         try:
             import fcntl
         except ImportError:      # not POSIX: no lock
@@ -90,6 +97,28 @@ class SweepRunner:
                 yield
             finally:
                 fcntl.flock(f, fcntl.LOCK_UN)
+
+    @contextmanager
+    def _server_locks(self):
+        """A session-level pg_advisory_lock on every PostgreSQL database in use (Optuna's, and MLflow's when
+        the tracking URI is a database rather than a server); closing the connection releases it."""
+        import sqlalchemy as sa
+
+        urls = sorted({u for u in (self.storage_url, self.tracking_uri) if u.startswith("postgresql")})
+        conns = []
+        try:
+            for url in urls:
+                try:
+                    conn = sa.create_engine(url, poolclass=sa.pool.NullPool).connect()
+                except Exception as e:   # bad URL, unreachable server, missing driver: one clear line
+                    what = "Optuna storage" if url == self.storage_url else "MLflow tracking URI"
+                    raise UserError(f"cannot open {what} {url}: {str(e).strip().splitlines()[0]}") from None
+                conns.append(conn)
+                conn.execute(sa.text("SELECT pg_advisory_lock(:key)"), {"key": SETUP_LOCK_KEY})
+            yield
+        finally:
+            for conn in reversed(conns):
+                conn.close()
 
     def _study(self):
         directions = [DIRECTIONS[o] for o in self.sweep.objectives]
@@ -163,8 +192,10 @@ class SweepRunner:
         parent = self._parent_run(study)
         baseline = base_values(base, self.sweep.space)
         swept = [k for k, v in self.sweep.space.items() if v["type"] != "fixed"]
-        if self.sweep.enqueue_defaults and not study.trials and set(baseline) == set(swept):
-            study.enqueue_trial(baseline, user_attrs={"baseline": True})
+        if self.sweep.enqueue_defaults and set(baseline) == set(swept):
+            with self._setup_lock():             # workers starting together: one of them enqueues it
+                if not study.trials:
+                    study.enqueue_trial(baseline, user_attrs={"baseline": True})
         finished = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
         n_trials, callbacks = self.sweep.n_trials, []
         if self.sweep.total_trials:

@@ -47,7 +47,7 @@ def build_drafter_config(cfg, target):
     extra = {"intermediate_size": d.intermediate_size} if d.intermediate_size else {}
     return DrafterConfig.for_target(target, d.method, num_layers=d.num_layers, block_size=d.block_size,
                                     gru_hidden=d.gru_hidden, rank=d.rank, shift_label=d.shift_label,
-                                    target_layer_ids=taps, **extra)
+                                    target_layer_ids=taps, frspec_k=d.frspec_k, **extra)
 
 
 def latest_checkpoint(ckpt_dir: Path) -> Path | None:
@@ -98,6 +98,10 @@ def train(cfg, resume: bool = False, extra_callbacks=None, logger=None, target=N
     dm.setup("fit")
     check_data_target(cfg.data.path, target)
     module = DrafterModule(cfg, dcfg, target)
+    if dcfg.frspec_k and not cfg.drafter.init_from:
+        # the draft vocabulary comes from the training split's responses (saved in every checkpoint)
+        from .models.frspec import frequent_tokens
+        module.drafter.set_frspec(frequent_tokens(dm.train_rows, dcfg.frspec_k, dcfg.vocab_size))
     module.tau_prompts = dm.tau_prompts(cfg.eval.tau_prompts)
     try:
         out_dir.mkdir(parents=True, exist_ok=True)

@@ -44,19 +44,21 @@ def test_quick_bench_writes_table_json_and_checks_losslessness(dirs, tmp_path, c
     out = tmp_path / "bench"
     argv = ["--target", tdir, "--dtype", "float64", "--sets", prompts, "--quick", "--out", str(out),
             "--domino", str(root / "domino"), "--dflash", str(root / "dflash"), "--assistant", adir,
-            "--batch-sizes", "1", "2", "--mlflow", "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}"]
+            "--batch-sizes", "1", "2", "--candidate-pool", "0", "--mlflow", "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}"]
     assert main(argv) == 0
     res = json.loads((out / "bench.json").read_text())["results"]["prompts"]
-    methods = {"ar", "hf", "hf-prompt-lookup", "hf-assisted", "dflash", "domino"}
+    methods = {"ar", "hf", "hf-prompt-lookup", "hf-assisted", "dflash", "domino-eager", "domino"}
     assert methods <= set(res)
     for m in methods - {"ar"}:
         assert res[m]["lossless"]["equal"] == res[m]["lossless"]["total"] == 2, m
         assert res[m]["tokens_per_s"] > 0 and res[m]["speedup_vs_ar"] > 0
     target = Target.from_pretrained(tdir)
-    for m in ("dflash", "domino"):
-        n = Drafter.from_pretrained(root / m, target).config.num_drafts
+    for m in ("dflash", "domino", "domino-eager"):
+        n = Drafter.from_pretrained(root / m.split("-")[0], target).config.num_drafts
         assert res[m]["tau"] >= 1 and len(res[m]["accept_pos"]) == n and res[m]["bound_vs_ar"] > 0
     assert res["hf"]["tau"] == pytest.approx(1.0)       # plain HF decoding: one token per forward
+    # the eager reference head and the fast head draft the same tokens at K = 0 (--candidate-pool 0)
+    assert res["domino-eager"]["tau"] == pytest.approx(res["domino"]["tau"])
     batched = json.loads((out / "bench.json").read_text())["batched"]["prompts"]
     for size in ("1", "2"):
         assert {m: r["lossless"] for m, r in batched[size].items()} == {"ar": 2, "dflash": 2, "domino": 2}

@@ -55,3 +55,16 @@ def test_shipped_drafters_are_lossless_and_accept(target, name):
         assert spec.token_ids == plain.token_ids, row["id"]
         taus.append(spec.mean_acceptance_length)
     assert sum(taus) / len(taus) > 1.2          # an untrained drafter stays near 1.0
+
+
+def test_shipped_assistant_shares_the_target_vocabulary(target):
+    """`default-assistant` (hf-assisted in the bench) loads, matches the vocabulary and drafts real tokens."""
+    import torch
+    from domino_lab.bench import load_assistant
+    m = load_assistant("default-assistant", target, None)
+    ids = torch.tensor([target.encode("def add(a, b):")])
+    out = target.model.generate(ids, attention_mask=torch.ones_like(ids), assistant_model=m, do_sample=False,
+                                max_new_tokens=12, pad_token_id=0)
+    plain = target.model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=12,
+                                  pad_token_id=0)
+    assert out.tolist() == plain.tolist()

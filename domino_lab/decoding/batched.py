@@ -45,6 +45,9 @@ def batched_generate(target, drafter, prompts_ids: list[list[int]], max_new_toke
         raise UserError(f"a prompt has {width} tokens but the target's context is {target.max_length}")
     budget = [min(max_new_tokens, target.max_length - len(p)) for p in prompts_ids]
     eos = target.eos_token_ids
+    if drafter is not None and drafter.config.method == "eagle":
+        raise UserError("batched decoding supports the block drafters (dflash, domino), not 'eagle' (a chain "
+                        "drafter with ragged caches); decode eagle one sequence at a time (speculative_generate)")
     taps = drafter.config.target_layer_ids if drafter is not None else None
     n_drafts = drafter.config.num_drafts if drafter is not None else 0
     ar = torch.arange(width, device=dev)

@@ -6,6 +6,7 @@ step with zero drafts), so the baseline and the speculative path differ only in 
 from __future__ import annotations
 
 import time
+from typing import Callable
 
 import torch
 from transformers import DynamicCache
@@ -40,8 +41,12 @@ def _topk(logits: torch.Tensor, k: int) -> tuple[list[list[int]], list[list[floa
 @torch.no_grad()
 def speculative_generate(target, drafter=None, prompt: str | None = None, prompt_ids=None, max_new_tokens: int = 128,
                          temperature: float = 0.0, top_p: float = 1.0, block_size: int | None = None,
-                         seed: int | None = None, topk: int = 5) -> GenerationResult:
-    """Generate up to `max_new_tokens` tokens; greedy output equals the target's own greedy output."""
+                         seed: int | None = None, topk: int = 5,
+                         on_step: Callable[[StepRecord], None] | None = None) -> GenerationResult:
+    """Generate up to `max_new_tokens` tokens; greedy output equals the target's own greedy output.
+
+    `on_step(record)` is called after every verify step, once its tokens are committed (the dashboard streams
+    from it; an exception it raises stops the decode)."""
     if max_new_tokens < 1:
         raise UserError("max_new_tokens must be >= 1")
     if temperature < 0 or not 0 < top_p <= 1:
@@ -83,9 +88,11 @@ def speculative_generate(target, drafter=None, prompt: str | None = None, prompt
         t0 = time.perf_counter()
         draft = None
         if n > 0:
+            seq = ids + tokens                     # token at every position so far (eagle pairs rows with them)
+            ctx_ids = torch.tensor([seq[pending_start:start]], device=dev) if pending is not None else None
             draft = drafter.draft(pending[None] if pending is not None else None, pending_start,
                                   torch.tensor([anchor], device=dev), start, draft_cache, n=n,
-                                  temperature=temperature, top_p=top_p, generator=gen, topk=topk)
+                                  temperature=temperature, top_p=top_p, generator=gen, topk=topk, ctx_ids=ctx_ids)
             pending = None
             drafts = draft.tokens[0]
         else:
@@ -125,6 +132,8 @@ def speculative_generate(target, drafter=None, prompt: str | None = None, prompt
         steps.append(rec)
         tokens.extend(committed)
         start += acc + 1
+        if on_step is not None:
+            on_step(rec)
         if any(t in eos for t in committed):
             stop = "eos"
     wall = time.perf_counter() - t_start

@@ -3,12 +3,34 @@
 S_i = GRU(E(x_anchor), E(d_1), ..., E(d_i)) with a zero state per block, over the target's frozen
 embeddings; dL_i = W2 . SiLU(W1 . [H_i ; S_i]); L_i = L_base_i + dL_i; the first draft is uncorrected.
 Correcting logits (not hidden states) avoids a full LM-head pass per sequential step.
+
+Two inference paths (DESIGN §8, issue 10):
+- `eager`: nn.GRU and the correction over the full vocabulary, one module call per step (the reference);
+- `fast`: the GRU input projection of every vocabulary row precomputed (a V x 3g table, so a step's input is a
+  row gather), W1_H . H_i for all slots in one matmul before the loop, the GRU cell written out, and the
+  correction scored only on a candidate pool (top-K of the per-token max base logit over the block's slots;
+  K = 0 scores the full vocabulary and gives the eager drafts);
+- `compiled`: the fast greedy rollout as one `torch.compile`d graph (no per-step Python or allocation; CUDA graphs
+  on CUDA via mode="reduce-overhead"); falls back to `fast` with a warning where compilation is unavailable.
 """
 from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from ..decoding.sampling import sample_from
+
+
+@dataclass
+class Rollout:
+    tokens: torch.Tensor            # [b, n] drafted ids
+    logits: torch.Tensor            # [b, n, K] final logits over `ids` (K = V when the pool is the vocabulary)
+    ids: torch.Tensor | None        # [b, K] vocabulary ids of the logits' last dim; None = the whole vocabulary
+    q: torch.Tensor | None          # [b, n, V] the exact distributions the drafts were sampled from (T > 0)
 
 
 class DominoHead(nn.Module):
@@ -17,6 +39,7 @@ class DominoHead(nn.Module):
         self.gru = nn.GRU(hidden_size, gru_hidden, num_layers=1, bias=False, batch_first=True)
         self.w1 = nn.Linear(hidden_size + gru_hidden, rank, bias=False)
         self.w2 = nn.Linear(rank, vocab_size, bias=False)   # own weights, not tied to the LM head
+        self._table = None    # (key, V x 3g input projections) for the fast path
 
     def correction(self, h: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
         """dL = W2 . SiLU(W1 . [H ; S]) for any leading shape."""
@@ -45,3 +68,156 @@ class DominoHead(nn.Module):
         s = self.prefix_states(prefix_emb)
         delta = self.correction(h[:, 1:], s[:, 1:])
         return torch.cat([base[:, :1], base[:, 1:] + delta], dim=1)
+
+    # ---- fast inference path ---------------------------------------------------------------------
+    def fast_weights(self, embed_weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(E . W_ih^T [V, 3g] in PyTorch's gate order r, z, n; [W1_S ; W_hh]^T [g, r + 3g]).
+
+        The table turns each step's GRU input projection into a row gather; stacking W1_S over W_hh lets one
+        matmul of the new state give both its correction input and the next step's recurrent gates. Rebuilt
+        whenever a weight changes (optimizer steps and load_state_dict bump the tensors' version counters), so
+        validation during training never reads a stale table.
+        """
+        ws = (embed_weight, self.gru.weight_ih_l0, self.gru.weight_hh_l0, self.w1.weight)
+        key = tuple((w.data_ptr(), w._version, w.dtype, w.device) for w in ws)
+        if self._table is None or self._table[0] != key:
+            with torch.no_grad():
+                hidden = self.w1.in_features - self.gru.hidden_size
+                table = embed_weight @ self.gru.weight_ih_l0.t()
+                stacked = torch.cat([self.w1.weight[:, hidden:], self.gru.weight_hh_l0], dim=0).t().contiguous()
+            self._table = (key, (table, stacked))
+        return self._table[1]
+
+    @torch.no_grad()
+    def rollout(self, h: torch.Tensor, base: torch.Tensor, anchor: torch.Tensor, embed_weight: torch.Tensor,
+                pool: int = 0, temperature: float = 0.0, top_p: float = 1.0,
+                generator: torch.Generator | None = None, compiled: bool = False,
+                vocab_ids: torch.Tensor | None = None) -> Rollout:
+        """Draft n tokens sequentially with the fast head. h [b, n, H], base [b, n, V], anchor [b].
+
+        With a pool of K tokens the corrected logits exist only on the pool: drafts 1.. are drawn from the pool
+        (greedy: its argmax; T > 0: softmax over the pool, so q is exactly the distribution sampled from and
+        rejection sampling stays lossless). Draft 0 is uncorrected and uses the full base logits.
+
+        FR-Spec (`vocab_ids` [K'] sorted vocabulary ids): `base` is over that subset only and the rollout runs in
+        it (W2 restricted to its rows, the pool drawn from it); drafted tokens and returned `ids` are vocabulary
+        ids, and q is zero outside the subset.
+        """
+        table, w_s = self.fast_weights(embed_weight)
+        w1_h, w2 = self.w1.weight[:, : h.shape[-1]], self.w2.weight
+        if vocab_ids is not None:
+            w2 = w2[vocab_ids]
+        if temperature <= 0:
+            fn = compiled_greedy_rollout(h.device) if compiled else greedy_rollout
+            tokens, logits, ids = fn(table, w_s, w1_h, w2, h, base, anchor, pool, vocab_ids)
+            return Rollout(tokens, logits, ids, None)
+        b, n, _ = base.shape
+        V = embed_weight.shape[0]
+        r, g = w1_h.shape[0], table.shape[1] // 3
+        hw, ids, w2t, scores = _pool(h, w1_h, w2, base, pool)
+        full_ids = _vocab_ids(ids, vocab_ids, b)      # vocabulary id of every logit column (None = identity)
+        logits_out = scores.clone()
+        tokens = torch.empty(b, n, dtype=torch.long, device=base.device)
+        q = torch.zeros(b, n, V, dtype=torch.float64, device=base.device)
+        state = gru_cell(F.embedding(anchor, table), None, None)
+        proj = state @ w_s
+        for i in range(n):
+            if i == 0:                                    # draft 0 is uncorrected: the full base logits
+                logits, cols = base[:, 0], _vocab_ids(None, vocab_ids, b)
+            else:
+                state = gru_cell(F.embedding(tok, table), proj[:, r:], state)
+                proj = state @ w_s
+                logits = logits_out[:, i]
+                logits += _delta(F.silu(hw[:, i] + proj[:, :r]), w2t, ids)
+                cols = full_ids
+            choice, probs = sample_from(logits, temperature, top_p, generator)
+            tok = choice if cols is None else cols.gather(-1, choice.unsqueeze(-1)).squeeze(-1)
+            if cols is None:
+                q[:, i] = probs
+            else:
+                q[:, i].scatter_(-1, cols, probs)
+            tokens[:, i] = tok
+        return Rollout(tokens, logits_out, full_ids, q)
+
+
+def _vocab_ids(ids: torch.Tensor | None, vocab_ids: torch.Tensor | None, b: int) -> torch.Tensor | None:
+    """Vocabulary ids [b, K] of the rollout's logit columns: pool ids (indices into the FR-Spec subset when
+    there is one) mapped through the subset; None when the columns are the whole vocabulary."""
+    if vocab_ids is None:
+        return ids
+    return vocab_ids.expand(b, -1) if ids is None else vocab_ids[ids]
+
+
+def gru_cell(gi: torch.Tensor, gh: torch.Tensor | None, state: torch.Tensor | None) -> torch.Tensor:
+    """One bias-free GRU step from input gates gi = W_ih x and recurrent gates gh = W_hh s ([b, 3g] each),
+    in PyTorch's gate order: r = σ(gi_r + gh_r), z = σ(gi_z + gh_z), n = tanh(gi_n + r ⊙ gh_n),
+    s' = (1 − z) ⊙ n + z ⊙ s. state None is the zero state (the recurrent terms vanish)."""
+    g = gi.shape[-1] // 3
+    if state is None:
+        n = torch.tanh(gi[:, 2 * g:])
+        return n - torch.sigmoid(gi[:, g: 2 * g]) * n
+    r_z = torch.sigmoid(gi[:, : 2 * g] + gh[:, : 2 * g])
+    n = torch.tanh(gi[:, 2 * g:] + r_z[:, :g] * gh[:, 2 * g:])
+    return n + r_z[:, g:] * (state - n)
+
+
+def _pool(h, w1_h, w2, base, pool: int):
+    """(W1_H . H for every slot [b, n, r], pool ids [b, K] or None, W2 rows to score, base logits over the pool)."""
+    b, n, V = base.shape
+    hw = h @ w1_h.t()
+    if 0 < pool < V:
+        ids = base.amax(dim=1).topk(pool, dim=-1).indices                   # top-K of the per-token max over slots
+        return hw, ids, w2[ids].transpose(1, 2), base.gather(-1, ids.unsqueeze(1).expand(b, n, pool))
+    return hw, None, w2.t(), base
+
+
+def _delta(u: torch.Tensor, w2t: torch.Tensor, ids: torch.Tensor | None) -> torch.Tensor:
+    """The correction W2 . u on the pool ([b, r] x [b, r, K]) or on the full vocabulary ([b, r] x [r, V])."""
+    return u @ w2t if ids is None else torch.bmm(u.unsqueeze(1), w2t).squeeze(1)
+
+
+def greedy_rollout(table, w_s, w1_h, w2, h, base, anchor, pool: int, vocab_ids=None):
+    """Greedy drafts with the fast head as one pure tensor function (so torch.compile can take it whole).
+
+    Returns (tokens [b, n], final logits [b, n, K] over the pool (slot 0: base), vocabulary ids of the logit
+    columns [b, K] or None = the whole vocabulary). `vocab_ids`: the FR-Spec subset `base` and `w2` live in."""
+    r = w1_h.shape[0]
+    hw, ids, w2t, scores = _pool(h, w1_h, w2, base, pool)
+    cols = _vocab_ids(ids, vocab_ids, base.shape[0])
+    state = gru_cell(F.embedding(anchor, table), None, None)     # has consumed the anchor
+    proj = state @ w_s                                            # [b, r + 3g]: W1_S s and W_hh s in one matmul
+    tok = base[:, 0].argmax(-1)
+    if vocab_ids is not None:
+        tok = vocab_ids[tok]
+    tokens, finals = [tok], [scores[:, 0]]
+    for i in range(1, base.shape[1]):
+        state = gru_cell(F.embedding(tok, table), proj[:, r:], state)   # now has consumed d_{i-1}
+        proj = state @ w_s
+        logits = scores[:, i] + _delta(F.silu(hw[:, i] + proj[:, :r]), w2t, ids)
+        choice = logits.argmax(-1)
+        tok = choice if cols is None else cols.gather(-1, choice.unsqueeze(-1)).squeeze(-1)
+        tokens.append(tok)
+        finals.append(logits)
+    return torch.stack(tokens, 1), torch.stack(finals, 1), cols
+
+
+_COMPILED: dict = {}
+
+
+def compiled_greedy_rollout(device: torch.device):
+    """torch.compile(greedy_rollout) per device type (CUDA: CUDA graphs via reduce-overhead); if compilation is
+    unavailable (no C++ compiler, unsupported platform) warn once and use the plain function."""
+    kind = torch.device(device).type
+    if kind not in _COMPILED:
+        mode = "reduce-overhead" if kind == "cuda" else None
+        fn = torch.compile(greedy_rollout, dynamic=False, fullgraph=True, mode=mode)
+
+        def guarded(*args):
+            try:
+                return fn(*args)
+            except Exception as e:   # noqa: BLE001 -- any backend failure: fall back, the drafts are the same
+                warnings.warn(f"head_impl='compiled' unavailable ({type(e).__name__}: {str(e)[:200]}); using 'fast'")
+                _COMPILED[kind] = greedy_rollout
+                return greedy_rollout(*args)
+        _COMPILED[kind] = guarded
+    return _COMPILED[kind]

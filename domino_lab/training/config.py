@@ -8,7 +8,7 @@ from .schedules import LambdaConfig
 
 @dataclass
 class DrafterOptions:
-    method: str = "domino"                 # dflash | domino
+    method: str = "domino"                 # dflash | domino | eagle (EAGLE-3-style chain, same token budget)
     num_layers: int = 1
     block_size: int = 8
     gru_hidden: int = 256                  # g
@@ -18,6 +18,7 @@ class DrafterOptions:
     num_taps: int = 3
     intermediate_size: int | None = None   # None: the target's
     init_from: str | None = None           # warm start from a drafter directory (same target)
+    frspec_k: int = 0                      # FR-Spec: draft among the K most frequent response tokens (0 = off)
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""DrafterModule: one LightningModule trains every method (dflash, domino) on a frozen target.
+"""DrafterModule: one LightningModule trains every method (dflash, domino, eagle) on a frozen target.
 
 Per step: the frozen target computes the tapped features of the whole sequence (no grad); random anchors;
 every block goes through the drafter in one masked forward; loss = λ_t·CE(base) + (1-λ_t)·CE(final)

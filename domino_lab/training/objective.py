@@ -3,6 +3,9 @@
 One forward per batch: keys are [context (S target features) | block_0 | ... | block_{N-1}], each block
 `[x_a, MASK, ...]` at positions a..a+B-1 sees context strictly before its anchor and its own slots only.
 Draft i of the block at anchor a predicts x_{a+1+i} in both label conventions (see DrafterConfig).
+The eagle method has no blocks: it unrolls its chain over whole sequences (training-time test, models/eagle.py)
+and reads step i at the row before each anchor, so its logits come out in the same [b, N, n, V] layout and go
+through the same weighted loss.
 """
 from __future__ import annotations
 
@@ -48,9 +51,35 @@ class BlockBatch:
     prefix: torch.Tensor         # [b, N, n] tokens the GRU read
 
 
+def _labels(input_ids, loss_mask, anchors, keep, n):
+    """Labels x_{a+1+i} [b, N, n] of every anchor's drafts, and which of them are supervised."""
+    b, s = input_ids.shape
+    lab_pos = anchors[:, :, None] + 1 + torch.arange(n, device=input_ids.device)     # [b, N, n]
+    in_range = lab_pos < s
+    lab_pos_c = lab_pos.clamp(max=s - 1).view(b, -1)
+    labels = input_ids.gather(1, lab_pos_c).view(b, -1, n)
+    valid = in_range & loss_mask.gather(1, lab_pos_c).view(b, -1, n).bool() & keep[:, :, None]
+    return labels, valid
+
+
+def _eagle_blocks(drafter, ctx_feats, input_ids, loss_mask, anchors, keep) -> BlockBatch:
+    """EAGLE TTT: n chain steps from each anchor (ground-truth tokens, the drafter's own features after step 0)."""
+    from ..models.eagle import eagle_blocks
+
+    n = drafter.config.num_drafts
+    labels, valid = _labels(input_ids, loss_mask, anchors, keep, n)
+    valid = valid & (anchors >= 1)[:, :, None]          # the chain starts at the row before the anchor
+    logits = drafter.lm_head(eagle_blocks(drafter, ctx_feats, input_ids, anchors))
+    prefix = torch.cat([input_ids.gather(1, anchors)[:, :, None], labels[:, :, :-1]], dim=-1)
+    return BlockBatch(logits, logits, labels, valid, prefix)
+
+
 def forward_blocks(drafter, ctx_feats: torch.Tensor, input_ids: torch.Tensor, loss_mask: torch.Tensor,
                    anchors: torch.Tensor, keep: torch.Tensor, prefix_mode: str = "teacher_forcing") -> BlockBatch:
     cfg = drafter.config
+    if cfg.method == "eagle":
+        # prefix_mode does not apply: eagle always reads ground-truth tokens with its own features (EAGLE-3 TTT)
+        return _eagle_blocks(drafter, ctx_feats, input_ids, loss_mask, anchors, keep)
     b, s = input_ids.shape
     n_blk, bs, n = anchors.shape[1], cfg.block_size, cfg.num_drafts
     dev = input_ids.device
@@ -63,11 +92,7 @@ def forward_blocks(drafter, ctx_feats: torch.Tensor, input_ids: torch.Tensor, lo
     hs = drafter.backbone(drafter.embed(block_ids.reshape(b, -1)), block_pos, ctx_feats, ctx_pos, mask=mask)
     hs = hs.view(b, n_blk, bs, -1)[:, :, cfg.first_draft_slot: cfg.first_draft_slot + n]
 
-    lab_pos = anchors[:, :, None] + 1 + torch.arange(n, device=dev)          # [b, N, n]
-    in_range = lab_pos < s
-    lab_pos_c = lab_pos.clamp(max=s - 1)
-    labels = input_ids.gather(1, lab_pos_c.view(b, -1)).view(b, n_blk, n)
-    valid = in_range & loss_mask.gather(1, lab_pos_c.view(b, -1)).view(b, n_blk, n).bool() & keep[:, :, None]
+    labels, valid = _labels(input_ids, loss_mask, anchors, keep, n)
 
     h = hs.reshape(b * n_blk, n, -1)
     base = drafter.lm_head(h)

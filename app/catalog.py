@@ -1,0 +1,177 @@
+"""The targets and drafters the dashboard offers, loaded once and shared by every session.
+
+Only names from this catalog are accepted from the browser (no arbitrary paths): the shipped defaults,
+drafter checkpoints found under the runs folder, the best trials of MLflow sweeps, and what the command line
+adds. Loaded modules are in eval mode and only used under no_grad, so concurrent decodes can share them; a
+drafter with its head switched off is a separate instance (the head flag is module state).
+"""
+from __future__ import annotations
+
+import json
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from domino_lab.errors import UserError
+
+PLAIN = "none"
+SKIP_DIRS = {"checkpoints", "mlartifacts", "regenerated", "__pycache__", ".git"}
+MAX_SCAN = 500
+
+
+@dataclass
+class Entry:
+    value: str          # what the browser sends back
+    label: str          # what the picker shows
+    spec: object        # what domino_lab loads: a shipped name, a directory, or a ready Target
+
+
+def _is_drafter_dir(d: Path) -> bool:
+    try:
+        cfg = json.loads((d / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(cfg, dict) and cfg.get("method") in ("dflash", "domino") and (d / "model.safetensors").is_file()
+
+
+def _is_model_dir(d: Path) -> bool:
+    try:
+        cfg = json.loads((d / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return (isinstance(cfg, dict) and "model_type" in cfg and any(d.glob("*.safetensors"))
+            and (d / "tokenizer.json").is_file())
+
+
+def scan_runs_folder(runs_dir: Path) -> tuple[list[Path], list[Path]]:
+    """(drafter checkpoint dirs, HF model dirs) under runs_dir, skipping trainer state and data caches."""
+    drafters, models, seen = [], [], 0
+    if not runs_dir.is_dir():
+        return drafters, models
+    stack = [runs_dir]
+    while stack and seen < MAX_SCAN:
+        d = stack.pop()
+        seen += 1
+        if (d / "config.json").is_file():
+            if _is_drafter_dir(d):
+                drafters.append(d)
+            elif _is_model_dir(d):
+                models.append(d)
+        try:
+            stack += sorted((c for c in d.iterdir() if c.is_dir() and c.name not in SKIP_DIRS), reverse=True)
+        except OSError:
+            pass
+    return sorted(drafters), sorted(models)
+
+
+class Catalog:
+    def __init__(self, runs_dir: str | Path | None = "runs", tracking_uri: str | None = None,
+                 extra_targets: dict | list = (), extra_drafters: list = (), dtype: str = "float32",
+                 warmup: bool = True):
+        self.runs_dir = Path(runs_dir) if runs_dir else None
+        self.tracking_uri = tracking_uri
+        self.dtype = dtype
+        self.warmup = warmup
+        self._extra_targets = extra_targets
+        self._extra_drafters = list(extra_drafters)
+        self._lock = threading.RLock()
+        self._targets: dict = {}
+        self._drafters: dict = {}
+        self.refresh()
+
+    # ---- what can be picked ----------------------------------------------------------------------
+    def refresh(self) -> None:
+        targets = [Entry("default", "default (embedded 6.8M Qwen3)", "default")]
+        extra = self._extra_targets.items() if isinstance(self._extra_targets, dict) else \
+            ((t, t) for t in self._extra_targets)
+        targets += [Entry(name, name, spec) for name, spec in extra]
+        drafters = [Entry("default", "default (shipped Domino)", "default"),
+                    Entry("default-dflash", "default-dflash (shipped DFlash)", "default-dflash"),
+                    Entry(PLAIN, "none (plain decoding)", None)]
+        drafters += [Entry(str(d), str(d), str(d)) for d in self._extra_drafters]
+        if self.runs_dir is not None:
+            ckpts, models = scan_runs_folder(self.runs_dir)
+            drafters += [Entry(str(d), str(d), str(d)) for d in ckpts]
+            targets += [Entry(str(d), f"{d} (local model)", str(d)) for d in models]
+        drafters += self._sweep_drafters()
+        with self._lock:
+            self.targets = {e.value: e for e in targets}
+            self.drafters = {e.value: e for e in drafters}
+
+    def _sweep_drafters(self) -> list[Entry]:
+        from .runs import list_runs, store_problem, sweep_best_trials
+
+        if store_problem(self.tracking_uri):
+            return []
+        runs, _ = list_runs(self.tracking_uri)
+        return [Entry(f"mlflow:{r.run_id}", f"best trial: {r.label}", str(r.checkpoint))
+                for r in sweep_best_trials(runs, top=3, latest_only=False) if r.checkpoint]
+
+    def target_choices(self) -> list[tuple[str, str]]:
+        return [(e.label, e.value) for e in self.targets.values()]
+
+    def drafter_choices(self, methods: tuple[str, ...] | None = None) -> list[tuple[str, str]]:
+        out = []
+        for e in self.drafters.values():
+            if methods is not None and self.method_of(e.value) not in methods:
+                continue
+            out.append((e.label, e.value))
+        return out
+
+    def method_of(self, value: str) -> str | None:
+        e = self.drafters.get(value)
+        if e is None or e.spec is None:
+            return None
+        if e.spec in ("default", "default-dflash"):
+            return "domino" if e.spec == "default" else "dflash"
+        try:
+            return json.loads((Path(e.spec) / "config.json").read_text()).get("method")
+        except (OSError, ValueError):
+            return None
+
+    # ---- loading (once) --------------------------------------------------------------------------
+    def target(self, value: str):
+        entry = self.targets.get(value)
+        if entry is None:
+            raise UserError(f"unknown target {value!r}; pick one from the list")
+        if value in self._targets:                  # loaded: no lock, so a slow load never blocks other decodes
+            return self._targets[value]
+        with self._lock:
+            if value not in self._targets:
+                from domino_lab import Target, speculative_generate
+
+                t = entry.spec if isinstance(entry.spec, Target) else Target.from_pretrained(entry.spec,
+                                                                                             dtype=self.dtype)
+                if self.warmup and t.tokenizer is not None:
+                    speculative_generate(t, None, prompt_ids=[t.encode("a")[0]] * 4, max_new_tokens=4)
+                self._targets[value] = t
+            return self._targets[value]
+
+    def drafter(self, target_value: str, value: str, head_on: bool = True):
+        """The drafter `value` bound to target `target_value` (None for plain decoding); UserError if it
+        doesn't fit the target."""
+        entry = self.drafters.get(value)
+        if entry is None:
+            raise UserError(f"unknown drafter {value!r}; pick one from the list")
+        target = self.target(target_value)
+        if entry.spec is None:
+            return None
+        key = (target_value, value, bool(head_on))
+        if key in self._drafters:
+            return self._drafters[key]
+        with self._lock:
+            if key not in self._drafters:
+                from domino_lab import speculative_generate
+                from domino_lab.models.drafter import load_drafter
+
+                try:
+                    # full-vocabulary correction: the inspector's corrected top-k and ΔL bounds must be exact
+                    d = load_drafter(entry.spec, target, candidate_pool=0)
+                except UserError as e:
+                    raise UserError(f"{e} (drafter {value!r}, target {target_value!r})") from None
+                d.eval()
+                d.head_enabled = bool(head_on)
+                if self.warmup and target.tokenizer is not None:
+                    speculative_generate(target, d, prompt_ids=[target.encode("a")[0]] * 4, max_new_tokens=8)
+                self._drafters[key] = d
+            return self._drafters[key]

@@ -1,0 +1,36 @@
+"""FR-Spec: the K most frequent tokens of the training responses, the draft vocabulary of a drafter with
+`frspec_k = K` (Drafter.set_frspec installs them; they are saved in the checkpoint as the buffer `frspec_ids`).
+
+Frequencies are counted over the supervised (loss-masked) tokens only: those are what a drafter must propose;
+prompt tokens are never drafted. Verification always uses the full vocabulary, so a restricted drafter stays
+lossless; it only loses acceptance on tokens outside the list.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+
+from ..errors import UserError
+
+
+def frequent_tokens(rows: Iterable[dict], k: int, vocab_size: int) -> list[int]:
+    """rows: dicts with `input_ids` and `loss_mask` (a regenerated dataset, DrafterDataModule rows). Returns k
+    sorted ids: the most frequent supervised tokens (ties: the smaller id); when fewer than k distinct tokens
+    occur, the rest is filled with the smallest unseen ids so the list always has k entries."""
+    if not 0 < k <= vocab_size:
+        raise UserError(f"FR-Spec size k must be in [1, vocab_size={vocab_size}], got {k}")
+    counts: Counter = Counter()
+    for r in rows:
+        counts.update(t for t, m in zip(r["input_ids"], r["loss_mask"]) if m)
+    ranked = sorted(counts, key=lambda t: (-counts[t], t))[:k]
+    if len(ranked) < k:
+        seen = set(ranked)
+        ranked += [t for t in range(vocab_size) if t not in seen][: k - len(ranked)]
+    return sorted(ranked)
+
+
+def frequent_tokens_from_dataset(path: str, k: int, vocab_size: int) -> list[int]:
+    """`frequent_tokens` over a dataset written by `python -m domino_lab.regenerate`."""
+    from ..regenerate import load_regenerated
+
+    return frequent_tokens(load_regenerated(path), k, vocab_size)
