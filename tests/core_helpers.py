@@ -93,3 +93,24 @@ def make_regenerated(root, n_prompts: int = 48, max_new_tokens: int = 40):
     prompts = [{"id": f"p{i}", "prompt": words[i % 8] + " " + words[(i * 3 + i // 8) % 8]} for i in range(n_prompts)]
     regenerate(target, prompts, root / "data", max_new_tokens=max_new_tokens, batch_size=16, progress=False)
     return str(tdir), str(root / "data")
+
+
+def tiny_sweep_yaml(root, n_trials: int, **extra):
+    """A sweep config over a tiny target and its regenerated data (12 steps per trial), written to root/sweep.yaml.
+    Returns (path, config dict)."""
+    import yaml
+
+    tdir, data = make_regenerated(root)
+    cfg = {"study_name": "tiny", "base_config": None,
+           "overrides": [f"target={tdir}", f"data.path={data}", "max_steps=12", "eval.every_n_steps=6",
+                         "data.batch_size=4", "eval.tau_prompts=2", "eval.tau_max_new_tokens=16",
+                         "loss.num_anchors=8", "checkpoint_every_n_steps=6", "drafter.rank=8", "drafter.gru_hidden=16"],
+           "n_trials": n_trials, "out_dir": str(root / "sweeps"), **extra,
+           "sampler": {"type": "tpe", "seed": 0, "n_startup_trials": 2},
+           "pruner": {"type": "median", "n_startup_trials": 1, "n_warmup_steps": 3},
+           "space": {"drafter.rank": {"type": "int", "low": 4, "high": 16, "log": True},
+                     "drafter.gru_hidden": {"type": "int", "low": 8, "high": 32, "log": True},
+                     "loss.curriculum.type": {"type": "categorical", "choices": ["linear", "cosine"]}}}
+    path = root / "sweep.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path, cfg

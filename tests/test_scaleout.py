@@ -14,7 +14,7 @@ import optuna
 import pytest
 import yaml
 
-from core_helpers import make_regenerated
+from core_helpers import tiny_sweep_yaml
 from pg_fixture import free_port, postgres  # noqa: F401  (session fixture)
 
 REPO = Path(__file__).resolve().parents[1]
@@ -152,8 +152,7 @@ def test_compose_app(compose):
     assert args[:3] == ["python", "-m", "app"] and flag(args, "--host") == "0.0.0.0"
     assert env(compose["services"]["app"])["GRADIO_SERVER_NAME"] == "0.0.0.0"
     main = REPO / "app" / "__main__.py"
-    if not main.exists():
-        pytest.skip("app/ (the dashboard) is not in this checkout yet")
+    assert main.exists(), "the app service runs `python -m app`, which needs app/__main__.py"
     source = "\n".join(p.read_text() for p in (REPO / "app").glob("*.py"))
     for opt in (a for a in args if a.startswith("--")):
         assert f'"{opt}"' in source or f"'{opt}'" in source, f"python -m app has no {opt} option"
@@ -268,21 +267,9 @@ def test_docker_compose_config():
 # ---- a real PostgreSQL ---------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def tiny_sweep(tmp_path_factory):
-    """test_sweep.py's tiny configuration (tiny target, 12 steps per trial)."""
+    """test_sweep.py's tiny configuration (tiny target, 12 steps per trial), no tracking URI of its own."""
     root = tmp_path_factory.mktemp("pgsweep")
-    tdir, data = make_regenerated(root)
-    cfg = {"study_name": "tiny", "base_config": None,
-           "overrides": [f"target={tdir}", f"data.path={data}", "max_steps=12", "eval.every_n_steps=6",
-                         "data.batch_size=4", "eval.tau_prompts=2", "eval.tau_max_new_tokens=16",
-                         "loss.num_anchors=8", "checkpoint_every_n_steps=6", "drafter.rank=8", "drafter.gru_hidden=16"],
-           "n_trials": 2, "out_dir": str(root / "sweeps"),
-           "sampler": {"type": "tpe", "seed": 0, "n_startup_trials": 2},
-           "pruner": {"type": "median", "n_startup_trials": 1, "n_warmup_steps": 3},
-           "space": {"drafter.rank": {"type": "int", "low": 4, "high": 16, "log": True},
-                     "drafter.gru_hidden": {"type": "int", "low": 8, "high": 32, "log": True},
-                     "loss.curriculum.type": {"type": "categorical", "choices": ["linear", "cosine"]}}}
-    path = root / "sweep.yaml"
-    path.write_text(yaml.safe_dump(cfg))
+    path, _ = tiny_sweep_yaml(root, n_trials=2)
     return path, root
 
 

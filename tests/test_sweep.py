@@ -12,26 +12,13 @@ from mlflow.tracking import MlflowClient
 
 from domino_lab.errors import run_cli
 from domino_lab.sweep import main
-from core_helpers import make_regenerated
+from core_helpers import tiny_sweep_yaml
 
 
 @pytest.fixture(scope="module")
 def sweep_yaml(tmp_path_factory):
     root = tmp_path_factory.mktemp("sweep")
-    tdir, data = make_regenerated(root)
-    cfg = {"study_name": "tiny", "base_config": None,
-           "overrides": [f"target={tdir}", f"data.path={data}", "max_steps=12", "eval.every_n_steps=6",
-                         "data.batch_size=4", "eval.tau_prompts=2", "eval.tau_max_new_tokens=16",
-                         "loss.num_anchors=8", "checkpoint_every_n_steps=6", "drafter.rank=8", "drafter.gru_hidden=16"],
-           "n_trials": 3, "out_dir": str(root / "sweeps"), "tracking_uri": f"sqlite:///{root / 'mlflow.db'}",
-           "sampler": {"type": "tpe", "seed": 0, "n_startup_trials": 2},
-           "pruner": {"type": "median", "n_startup_trials": 1, "n_warmup_steps": 3},
-           "space": {"drafter.rank": {"type": "int", "low": 4, "high": 16, "log": True},
-                     "drafter.gru_hidden": {"type": "int", "low": 8, "high": 32, "log": True},
-                     "loss.curriculum.type": {"type": "categorical", "choices": ["linear", "cosine"]}}}
-    path = root / "sweep.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    return path, cfg
+    return tiny_sweep_yaml(root, n_trials=3, tracking_uri=f"sqlite:///{root / 'mlflow.db'}")
 
 
 def run(argv, capsys):

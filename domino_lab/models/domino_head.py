@@ -113,7 +113,6 @@ class DominoHead(nn.Module):
             return Rollout(tokens, logits, ids, None)
         b, n, _ = base.shape
         V = embed_weight.shape[0]
-        r, g = w1_h.shape[0], table.shape[1] // 3
         hw, ids, w2t, scores = _pool(h, w1_h, w2, base, pool)
         full_ids = _vocab_ids(ids, vocab_ids, b)      # vocabulary id of every logit column (None = identity)
         logits_out = scores.clone()
@@ -125,10 +124,9 @@ class DominoHead(nn.Module):
             if i == 0:                                    # draft 0 is uncorrected: the full base logits
                 logits, cols = base[:, 0], _vocab_ids(None, vocab_ids, b)
             else:
-                state = gru_cell(F.embedding(tok, table), proj[:, r:], state)
-                proj = state @ w_s
+                state, proj, delta = _step(tok, state, proj, table, w_s, hw[:, i], w2t, ids)
                 logits = logits_out[:, i]
-                logits += _delta(F.silu(hw[:, i] + proj[:, :r]), w2t, ids)
+                logits += delta
                 cols = full_ids
             choice, probs = sample_from(logits, temperature, top_p, generator)
             tok = choice if cols is None else cols.gather(-1, choice.unsqueeze(-1)).squeeze(-1)
@@ -171,9 +169,16 @@ def _pool(h, w1_h, w2, base, pool: int):
     return hw, None, w2.t(), base
 
 
-def _delta(u: torch.Tensor, w2t: torch.Tensor, ids: torch.Tensor | None) -> torch.Tensor:
-    """The correction W2 . u on the pool ([b, r] x [b, r, K]) or on the full vocabulary ([b, r] x [r, V])."""
-    return u @ w2t if ids is None else torch.bmm(u.unsqueeze(1), w2t).squeeze(1)
+def _step(tok, state, proj, table, w_s, hw_i, w2t, ids):
+    """Feed the previous draft to the GRU, then correct the next slot: returns (state, proj, ΔL).
+
+    proj = state @ [W1_S ; W_hh]^T carries both this slot's W1_S s and the next step's recurrent gates W_hh s.
+    ΔL = W2 . SiLU(W1_H h + W1_S s), on the pool ([b, r] x [b, r, K]) or the full vocabulary ([b, r] x [r, V])."""
+    r = hw_i.shape[-1]
+    state = gru_cell(F.embedding(tok, table), proj[:, r:], state)     # now has consumed the previous draft
+    proj = state @ w_s
+    u = F.silu(hw_i + proj[:, :r])
+    return state, proj, (u @ w2t if ids is None else torch.bmm(u.unsqueeze(1), w2t).squeeze(1))
 
 
 def greedy_rollout(table, w_s, w1_h, w2, h, base, anchor, pool: int, vocab_ids=None):
@@ -181,7 +186,6 @@ def greedy_rollout(table, w_s, w1_h, w2, h, base, anchor, pool: int, vocab_ids=N
 
     Returns (tokens [b, n], final logits [b, n, K] over the pool (slot 0: base), vocabulary ids of the logit
     columns [b, K] or None = the whole vocabulary). `vocab_ids`: the FR-Spec subset `base` and `w2` live in."""
-    r = w1_h.shape[0]
     hw, ids, w2t, scores = _pool(h, w1_h, w2, base, pool)
     cols = _vocab_ids(ids, vocab_ids, base.shape[0])
     state = gru_cell(F.embedding(anchor, table), None, None)     # has consumed the anchor
@@ -191,9 +195,8 @@ def greedy_rollout(table, w_s, w1_h, w2, h, base, anchor, pool: int, vocab_ids=N
         tok = vocab_ids[tok]
     tokens, finals = [tok], [scores[:, 0]]
     for i in range(1, base.shape[1]):
-        state = gru_cell(F.embedding(tok, table), proj[:, r:], state)   # now has consumed d_{i-1}
-        proj = state @ w_s
-        logits = scores[:, i] + _delta(F.silu(hw[:, i] + proj[:, :r]), w2t, ids)
+        state, proj, delta = _step(tok, state, proj, table, w_s, hw[:, i], w2t, ids)
+        logits = scores[:, i] + delta
         choice = logits.argmax(-1)
         tok = choice if cols is None else cols.gather(-1, choice.unsqueeze(-1)).squeeze(-1)
         tokens.append(tok)
