@@ -3,7 +3,8 @@ user would pick instead, measured in one run, interleaved, after warm-up.
 
 Methods: `ar` (plain greedy through our engine), `hf` (`generate(do_sample=False)`), `hf-prompt-lookup`,
 `hf-assisted` (a small autoregressive assistant of the same tokenizer), `dflash` and `domino` (our drafters), and
-`domino-eager` (the same Domino drafter with the eager reference head, to show what the fast head saves).
+`domino-eager` / `domino-compiled` (the same Domino drafter with the eager reference head, or with the fast head's
+greedy rollout compiled by torch.compile: what the fast head saves, and what compilation adds on top).
 Every method's tokens are checked against `ar`'s on every prompt (greedy decoding is lossless).
 """
 from __future__ import annotations
@@ -18,8 +19,9 @@ from pathlib import Path
 
 from .errors import UserError, run_cli, atomic_path
 
-METHODS = ("ar", "hf", "hf-prompt-lookup", "hf-assisted", "dflash", "domino-eager", "domino")
-OURS = ("ar", "dflash", "domino-eager", "domino")
+METHODS = ("ar", "hf", "hf-prompt-lookup", "hf-assisted", "dflash", "domino-eager", "domino-compiled", "domino")
+OURS = ("ar", "dflash", "domino-eager", "domino-compiled", "domino")
+HEAD_VARIANTS = {"domino-eager": ("eager", 0), "domino-compiled": ("compiled", None)}   # method -> (impl, pool)
 
 
 @dataclass
@@ -147,7 +149,7 @@ def bench_batched(b: Bench, prompts: list[dict], sizes: list[int], ref: dict | N
     from .decoding.batched import batched_generate
 
     ids = [b.target.encode(p["prompt"]) for p in prompts]
-    methods = [m for m in b.methods if m in OURS and m != "domino-eager"]   # the head's cost shows at batch 1
+    methods = [m for m in b.methods if m in OURS and m not in HEAD_VARIANTS]   # the head's cost shows at batch 1
     batched_generate(b.target, None, ids[:2], 4)                       # warm-up
     out: dict = {}
     for size in sizes:
@@ -231,8 +233,9 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--target", default="default")
     p.add_argument("--sets", nargs="+", default=["math", "humaneval"], help="eval set names or JSONL files")
-    p.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS, metavar="METHOD",
-                   help=f"any of {', '.join(METHODS)}")
+    p.add_argument("--methods", nargs="+", default=[m for m in METHODS if m != "domino-compiled"], choices=METHODS,
+                   metavar="METHOD", help=f"any of {', '.join(METHODS)} (default: all but domino-compiled, whose "
+                                          "first call compiles for about a minute)")
     p.add_argument("--domino", default="default", help="drafter for `domino` (checkpoint dir or shipped name)")
     p.add_argument("--dflash", default="default-dflash", help="drafter for `dflash`")
     p.add_argument("--assistant", default="default-assistant", help="assistant model for `hf-assisted`")
@@ -293,8 +296,9 @@ def main(argv: list[str] | None = None) -> int:
     drafters = {m: load_drafter(getattr(args, m), target) for m in ("dflash", "domino") if m in args.methods}
     if "domino" in drafters:
         drafters["domino"].set_head(args.head_impl, args.candidate_pool)
-    if "domino-eager" in args.methods:
-        drafters["domino-eager"] = load_drafter(args.domino, target, head_impl="eager", candidate_pool=0)
+    for m, (impl, pool) in HEAD_VARIANTS.items():
+        if m in args.methods:
+            drafters[m] = load_drafter(args.domino, target, head_impl=impl, candidate_pool=pool)
     assistant = load_assistant(args.assistant, target, args.dtype) if "hf-assisted" in args.methods else None
     methods = [m for m in METHODS if m in args.methods]
     if "ar" not in methods:
@@ -306,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
     meta = {"command": "python -m domino_lab.bench " + " ".join(argv if argv is not None else sys.argv[1:]),
             "machine": f"{platform.machine()}, {__import__('os').cpu_count()} CPUs, {torch.get_num_threads()} torch "
                        f"threads, torch {torch.__version__}", "date": time.strftime("%Y-%m-%d %H:%M"),
-            "target": args.target, "drafters": {m: args.domino if m == "domino-eager" else getattr(args, m)
+            "target": args.target, "drafters": {m: args.domino if m in HEAD_VARIANTS else getattr(args, m)
                                                 for m in drafters},
             "domino_head": {k: getattr(drafters["domino"].config, k) for k in ("head_impl", "candidate_pool")}
             if "domino" in drafters else None,

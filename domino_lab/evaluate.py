@@ -21,7 +21,8 @@ def count_acceptance(steps, reached: list[int], accepted: list[int]) -> None:
 
 
 def evaluate(target, drafter, prompts: list[dict], max_new_tokens: int = 128, temperature: float = 0.0,
-             seed: int = 0, progress: bool = False) -> dict:
+             seed: int = 0, progress: bool = False, keep_ids: bool = False) -> dict:
+    """τ and timings over `prompts`; `keep_ids` adds each prompt's generated token ids (lossless checks)."""
     from tqdm.auto import tqdm
 
     rows, committed, steps, draft_s, verify_s = [], 0, 0, 0.0, 0.0
@@ -38,7 +39,8 @@ def evaluate(target, drafter, prompts: list[dict], max_new_tokens: int = 128, te
         committed += c
         steps += len(res.steps)
         rows.append({"id": p["id"], "tau": res.mean_acceptance_length, "steps": len(res.steps),
-                     "tokens": len(res.token_ids), "wall_s": res.wall_time_s})
+                     "tokens": len(res.token_ids), "wall_s": res.wall_time_s,
+                     **({"token_ids": res.token_ids} if keep_ids else {})})
     return {"tau": committed / max(1, steps), "per_prompt": rows,
             "accept_pos": [a / r if r else None for a, r in zip(accepted, reached)],
             "draft_ms": 1000 * draft_s / max(1, steps), "verify_ms": 1000 * verify_s / max(1, steps)}

@@ -23,6 +23,7 @@ import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from domino_lab import Drafter, Target
+from domino_lab.experiments.timing import cached_step
 from domino_lab.models.drafter import load_drafter
 
 VARIANTS = ("dflash", "eager", "fast K=0", "fast K=64", "fast K=256", "compiled K=64")
@@ -48,23 +49,6 @@ def set_variant(d: Drafter, v: str) -> None:
     d.head_enabled = v != "dflash"
     d.config.head_impl = v.split()[0] if v != "dflash" else "fast"
     d.config.candidate_pool = int(v.split("K=")[1]) if "K=" in v else 0
-
-
-def cached_step(d: Drafter, ctx: int, g: torch.Generator, new: int = 2):
-    """A decoding-like draft step: `ctx` positions already in the draft cache, `new` committed positions' features
-    appended (as after a step that accepted new-1 drafts), then removed again so every call sees the same state."""
-    from transformers import DynamicCache
-
-    cfg = d.config
-    feats = torch.randn(1, ctx, len(cfg.target_layer_ids) * cfg.hidden_size, generator=g)
-    anchor = torch.randint(0, cfg.vocab_size - 1, (1,), generator=g)
-    cache = DynamicCache()
-    d.draft(feats[:, : ctx - new], 0, anchor, ctx - new, cache)
-
-    def step():
-        d.draft(feats[:, ctx - new:], ctx - new, anchor, ctx, cache)
-        cache.crop(-new)
-    return step
 
 
 def measure(d: Drafter, ctx: int, reps: int, rounds: int, variants=VARIANTS) -> dict:

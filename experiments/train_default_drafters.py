@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 from domino_lab.errors import UserError, run_cli
+from domino_lab.experiments.curves import loss_history, plot_loss_curves
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "experiments" / "configs"
@@ -73,21 +74,12 @@ def train_all(recipes, seeds, runs: Path, parallel: int, overrides) -> dict:
 
 def base_loss_curves(runs: Path, recipes, seeds) -> dict:
     """train/loss_base per step from each run's MLflow history (mean over seeds)."""
-    from mlflow.tracking import MlflowClient
-
-    from domino_lab.training.tracking import default_tracking_uri
-
-    client = MlflowClient(default_tracking_uri())
-    curves = {}
+    out = {}
     for r in recipes:
-        per_seed = []
-        for s in seeds:
-            run_id = json.loads((run_dir(runs, r, s) / "mlflow_run.json").read_text())["run_id"]
-            hist = sorted(client.get_metric_history(run_id, "train/loss_base"), key=lambda m: m.step)
-            per_seed.append({m.step: m.value for m in hist})
-        steps = sorted(set.intersection(*(set(h) for h in per_seed)))
-        curves[r] = {"steps": steps, "loss_base": [sum(h[t] for h in per_seed) / len(per_seed) for t in steps]}
-    return curves
+        ids = [json.loads((run_dir(runs, r, s) / "mlflow_run.json").read_text())["run_id"] for s in seeds]
+        c = loss_history(ids)
+        out[r] = {"steps": c["steps"], "loss_base": c["values"]}
+    return out
 
 
 def _wall_min(client, run_id: str) -> float | None:
@@ -95,33 +87,10 @@ def _wall_min(client, run_id: str) -> float | None:
     return round((info.end_time - info.start_time) / 60000, 1) if info.end_time else None
 
 
-def smooth(xs: list[float], w: int = 25) -> list[float]:
-    out, acc = [], 0.0
-    for i, x in enumerate(xs):
-        acc += x - (xs[i - w] if i >= w else 0.0)
-        out.append(acc / min(i + 1, w))
-    return out
-
-
 def plot_curves(curves: dict, out_png: Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6.5, 4))
-    for r, c in curves.items():
-        ax.plot(c["steps"], smooth(c["loss_base"]), label=r)
-    # the first steps (CE ~ 35 from the random init) would flatten the part that differs
-    tail = [v for c in curves.values() for t, v in zip(c["steps"], smooth(c["loss_base"])) if t >= 50]
-    if tail:
-        ax.set_ylim(min(tail) - 0.2, max(tail) + 0.2)
-    ax.set_xlabel("step")
-    ax.set_ylabel("CE of the base (backbone) logits, running mean of 25")
-    ax.set_title("Base loss with and without the base-anchored curriculum")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(out_png, dpi=110)
-    plt.close(fig)
+    plot_loss_curves({r: {"steps": c["steps"], "values": c["loss_base"]} for r, c in curves.items()}, out_png,
+                     "Base loss with and without the base-anchored curriculum",
+                     "CE of the base (backbone) logits, running mean of 25")
 
 
 def main(argv=None) -> int:

@@ -208,3 +208,29 @@ def test_frspec_sampling_matches_target_distribution(peaked, method, impl):
     n = 800
     counts = sample_many(t, d, prompt, n)
     assert tv(counts, exact, n) < 0.09
+
+
+@pytest.mark.parametrize("method", ["dflash", "domino", "eagle"])
+def test_frspec_restrict_after_training(target, plain, seqs, trained_eagle, method):
+    """FR-Spec applied to an already trained drafter (as FR-Spec itself does): same weights, drafts only from the
+    list, ids map back to the vocabulary, the original is untouched, greedy stays lossless."""
+    from domino_lab.models.frspec import restrict
+
+    d = trained_eagle if method == "eagle" else Drafter.untrained(target, method, seed=4, block_size=8)
+    if method != "eagle":
+        brief_train(d, seqs, steps=30)
+    rows = [{"input_ids": s.tolist(), "loss_mask": [0] * 4 + [1] * (len(s) - 4)} for s in seqs]
+    ids = frequent_tokens(rows, 20, target.vocab_size)
+    r = restrict(d, ids)
+    assert d.config.frspec_k == 0 and r.config.frspec_k == 20 and r.draft_vocab.tolist() == ids
+    assert all(torch.equal(a, b) for (k, a), (_, b) in zip(
+        d.state_dict().items(), ((k, v) for k, v in r.state_dict().items() if k != "frspec_ids")))
+    for p in PROMPTS[:4]:
+        res = speculative_generate(target, r, prompt_ids=p, max_new_tokens=NEW)
+        assert all(t in ids for s in res.steps for t in s.draft_tokens)
+    assert_lossless(target, plain, r)
+    full = restrict(d, list(range(target.vocab_size)))     # K = V: exactly the unrestricted drafts
+    for p in PROMPTS[:3]:
+        a = speculative_generate(target, d, prompt_ids=p, max_new_tokens=NEW)
+        b = speculative_generate(target, full, prompt_ids=p, max_new_tokens=NEW)
+        assert [s.draft_tokens for s in a.steps] == [s.draft_tokens for s in b.steps]

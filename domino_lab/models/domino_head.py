@@ -212,8 +212,10 @@ def compiled_greedy_rollout(device: torch.device):
     unavailable (no C++ compiler, unsupported platform) warn once and use the plain function."""
     kind = torch.device(device).type
     if kind not in _COMPILED:
-        mode = "reduce-overhead" if kind == "cuda" else None
-        fn = torch.compile(greedy_rollout, dynamic=False, fullgraph=True, mode=mode)
+        # CUDA: CUDA graphs. CPU: the C++ wrapper calls the kernels without a Python frame per op, which is
+        # most of a tiny rollout's time (measured 1.21 -> 1.02 ms per block-8 rollout on the default drafter)
+        opts = {"mode": "reduce-overhead"} if kind == "cuda" else {"options": {"cpp_wrapper": True}}
+        fn = torch.compile(greedy_rollout, dynamic=False, fullgraph=True, **opts)
 
         def guarded(*args):
             try:

@@ -34,3 +34,19 @@ def frequent_tokens_from_dataset(path: str, k: int, vocab_size: int) -> list[int
     from ..regenerate import load_regenerated
 
     return frequent_tokens(load_regenerated(path), k, vocab_size)
+
+
+def restrict(drafter, ids):
+    """The same trained drafter, drafting among `ids` only: FR-Spec applied after training, as FR-Spec itself is
+    (the draft LM head and the head's W2 keep only those rows; verification is unchanged, so still lossless)."""
+    from dataclasses import replace
+
+    from .drafter import Drafter
+
+    d = Drafter(replace(drafter.config, frspec_k=len(ids)), drafter.target)   # bound first: the target's dtype
+    state = {k: v for k, v in drafter.state_dict().items() if k != "frspec_ids"}
+    missing, unexpected = d.load_state_dict(state, strict=False)
+    if set(missing) != {"frspec_ids"} or unexpected:
+        raise UserError(f"cannot restrict this drafter's vocabulary: state mismatch {missing} {unexpected}")
+    d.head_enabled = drafter.head_enabled
+    return d.set_frspec(ids).eval()

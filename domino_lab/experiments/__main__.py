@@ -1,0 +1,147 @@
+"""`python -m domino_lab.experiments run NAME [--quick]`: train (or reuse) the spec's drafters, evaluate every
+variant with the real engine, write <out-dir>/NAME.md and NAME.json (tables, plots, the paper's numbers)."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+from ..errors import UserError, run_cli
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m domino_lab.experiments", description=__doc__)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("list", help="the experiments in experiments/specs/")
+    r = sub.add_parser("run", help="run one experiment")
+    r.add_argument("name", help="an experiment name (see `list`) or a spec .yaml")
+    r.add_argument("overrides", nargs="*", help="key=value applied to every training run after the spec's own, e.g. "
+                                                "target=Qwen/Qwen3-8B data.path=runs/regenerated/qwen3-8b")
+    r.add_argument("--quick", action="store_true",
+                   help="a few training steps, 2 prompts x 16 tokens: checks the whole path in minutes")
+    r.add_argument("--out-dir", help="where NAME.md/.json go (default experiments/results; --quick: "
+                                     "runs/experiments-quick/results)")
+    r.add_argument("--runs-dir", help="trained drafters, shared by experiments (default runs/experiments; "
+                                      "--quick: runs/experiments-quick)")
+    r.add_argument("--tracking-uri", help="MLflow tracking URI for the training runs (default sqlite:///runs/mlflow.db)")
+    r.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
+    r.add_argument("--no-progress", action="store_true")
+    rep = sub.add_parser("report", help="re-render NAME.md from NAME.json (after editing the spec's reading)")
+    rep.add_argument("name")
+    rep.add_argument("--out-dir", help="where NAME.json is and NAME.md goes (default experiments/results)")
+    return p
+
+
+def run(args) -> dict:
+    import torch
+
+    from .curves import loss_history, plot_loss_curves
+    from .measure import head_overheads, measure
+    from .report import markdown
+    from .spec import load_spec
+    from .training import QUICK_TRAIN, resolve_runs, train_runs
+
+    spec = load_spec(args.name)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    quick = args.quick
+    out_dir = Path(args.out_dir or ("runs/experiments-quick/results" if quick else "experiments/results"))
+    runs_dir = Path(args.runs_dir or ("runs/experiments-quick" if quick else "runs/experiments"))
+    if quick:
+        spec.seeds = spec.seeds[:1]
+        for r in spec.runs:
+            r.seeds = r.seeds[:1] if r.seeds else None
+    resolved = resolve_runs(spec, runs_dir, quick, args.tracking_uri, args.overrides)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"cannot create --out-dir {out_dir}: {e.strerror}") from None
+    t0 = time.time()
+    before = {p.parent.name for p in runs_dir.glob("*/result.json")}
+    trained = train_runs(resolved, runs_dir, quick)
+    results = measure(spec, trained, quick, progress=not args.no_progress)
+    extras: dict = {}
+    if "head_overhead" in spec.extras:
+        extras["head_overhead"] = head_overheads(spec, trained)
+    if "base_loss" in spec.extras:
+        curves = {}
+        for v in spec.variants:
+            ids = [t.run_id for (name, _), t in trained.items() if name == v.run and t.run_id]
+            if ids and v.run not in curves:
+                curves[v.run] = dict(loss_history(ids, tracking_uri=args.tracking_uri), n_runs=len(ids))
+        png = f"{spec.name}_base_loss.png"
+        plot_loss_curves(curves, out_dir / png, "Base-logit loss during training (mean over seeds)",
+                         "CE of the base (backbone) logits, running mean of 25", skip_steps=2 if quick else 50)
+        extras["base_loss"] = {"curves": curves, "png": png}
+    after = {p.parent.name for p in runs_dir.glob("*/result.json")}
+    from .measure import QUICK_EVAL
+    meta = {"command": "python -m domino_lab.experiments run " + " ".join(sys.argv[2:] if args.argv is None
+                                                                          else args.argv[1:]),
+            "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, {torch.get_num_threads()} torch threads",
+            "date": time.strftime("%Y-%m-%d %H:%M"), "wall_min": round((time.time() - t0) / 60, 1),
+            "trained": sorted(after - before) or "none (all reused)", "quick": quick,
+            "limit": QUICK_EVAL["limit"] if quick else spec.limit,
+            "max_new_tokens": QUICK_EVAL["max_new_tokens"] if quick else spec.max_new_tokens,
+            "quick_train_overrides": QUICK_TRAIN if quick else None,
+            "runs": {f"{k[0]}-s{k[1]}": t.path for k, t in trained.items()},
+            "run_configs": {f"{k[0]}-s{k[1]}": t.config for k, t in trained.items()}}
+    md = markdown(spec, results, trained, extras, meta)
+    # write both files only once everything is measured: a failed run leaves the previous results intact
+    _write(out_dir, {f"{spec.name}.json": json.dumps({"meta": meta, "results": results, "extras": extras}, indent=1),
+                     f"{spec.name}.md": md})
+    print(md)
+    return {"meta": meta, "results": results, "extras": extras}
+
+
+def _write(out_dir: Path, files: dict) -> None:
+    for name, text in files.items():
+        tmp = out_dir / f".{name}.tmp"
+        tmp.write_text(text)
+        tmp.replace(out_dir / name)
+
+
+def report(args) -> None:
+    """Re-render NAME.md from NAME.json and the spec (e.g. after writing the spec's `reading`); measures nothing."""
+    from .report import markdown
+    from .spec import load_spec
+    from .training import TrainedRun
+
+    spec = load_spec(args.name)
+    out_dir = Path(args.out_dir or "experiments/results")
+    path = out_dir / f"{spec.name}.json"
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise UserError(f"cannot read {path} ({e}); run `python -m domino_lab.experiments run {args.name}` first") \
+            from None
+    meta, configs = data["meta"], data["meta"].get("run_configs", {})
+    trained = {}
+    for key, path_ in meta["runs"].items():
+        name, seed = key.rsplit("-s", 1)
+        trained[(name, int(seed))] = TrainedRun(name, int(seed), path_, None, None, configs.get(key, {}))
+    md = markdown(spec, data["results"], trained, data["extras"], meta)
+    _write(out_dir, {f"{spec.name}.md": md})
+    print(md)
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.cmd == "list":
+        from .spec import available, load_spec
+        for n in available():
+            print(f"{n:20s} {load_spec(n).title}")
+        return 0
+    if args.cmd == "report":
+        report(args)
+        return 0
+    args.argv = argv
+    run(args)
+    return 0
+
+
+if __name__ == "__main__":
+    run_cli(main)

@@ -1,0 +1,102 @@
+"""Evaluate every variant of an experiment with the real engine: τ, acceptance per position, draft/verify ms,
+tokens/s and speedup over plain decoding (`ar`, measured in the same session), and the lossless check."""
+from __future__ import annotations
+
+import sys
+
+from .spec import ExperimentSpec, Variant
+from .training import TrainedRun
+
+QUICK_EVAL = {"limit": 2, "max_new_tokens": 16}
+
+
+def load_variant(v: Variant, run: TrainedRun, target, cache: dict):
+    """The drafter a variant evaluates: the run's weights, head on/off, FR-Spec restricted to K tokens."""
+    from ..models import load_drafter
+    from ..models.frspec import frequent_tokens_from_dataset, restrict
+
+    key = (run.path, v.head, v.frspec_k)
+    if key not in cache:
+        base = cache.get((run.path, True, 0)) or load_drafter(run.path, target)
+        cache[(run.path, True, 0)] = base
+        d = base
+        if v.frspec_k:
+            data = run.config.get("data", {}).get("path")
+            if not data:
+                from ..errors import UserError
+                raise UserError(f"variant '{v.name}': FR-Spec needs the run's training data to rank tokens")
+            d = restrict(base, frequent_tokens_from_dataset(data, v.frspec_k, base.config.vocab_size))
+        elif not v.head:
+            d = load_drafter(run.path, target)
+        if not v.head:
+            if d.head is None:
+                from ..errors import UserError
+                raise UserError(f"variant '{v.name}': head: false needs a domino drafter, run '{v.run}' has none")
+            d.head_enabled = False
+        cache[key] = d
+    return cache[key]
+
+
+def _s_per_token(r: dict) -> float:
+    return sum(p["wall_s"] for p in r["per_prompt"]) / max(1, sum(p["tokens"] for p in r["per_prompt"]))
+
+
+def measure(spec: ExperimentSpec, trained: dict, quick: bool, progress: bool = True) -> dict:
+    """results[set][str(T)][variant][str(seed)] = evaluate() result + speedup, tok_s, lossless."""
+    from ..data.eval_sets import load_eval_set
+    from ..evaluate import evaluate
+    from ..target import Target
+
+    targets = {r.config.get("target", "default") for r in trained.values() if r.config}
+    if len(targets) > 1:
+        from ..errors import UserError
+        raise UserError(f"an experiment compares drafters of one target; its runs use {sorted(targets)}")
+    target = Target.from_pretrained(targets.pop() if targets else "default")
+    limit = QUICK_EVAL["limit"] if quick else spec.limit
+    max_new = QUICK_EVAL["max_new_tokens"] if quick else spec.max_new_tokens
+    cache: dict = {}
+    results: dict = {}
+    for s in spec.sets:
+        prompts = load_eval_set(s, limit=limit)
+        for temp in spec.temperatures:
+            greedy = temp <= 0
+            print(f"[experiments] {s} T={temp}: {len(prompts)} prompts, {max_new} new tokens", file=sys.stderr)
+            ar = evaluate(target, None, prompts, max_new, temp, progress=progress, keep_ids=greedy)
+            cell = results.setdefault(s, {}).setdefault(str(temp), {})
+            for v in spec.variants:
+                if (v.sets and s not in v.sets) or (v.temperatures is not None and temp not in v.temperatures):
+                    continue
+                per_seed = {}
+                for seed in spec.seeds_of(v):
+                    if v.run is None:
+                        r = dict(ar)
+                    else:
+                        d = load_variant(v, trained[(v.run, seed)], target, cache)
+                        r = evaluate(target, d, prompts, max_new, temp, progress=progress, keep_ids=greedy)
+                    r["speedup"] = _s_per_token(ar) / _s_per_token(r)
+                    r["tok_s"] = 1.0 / _s_per_token(r)
+                    if greedy:   # lossless: every prompt's output equals the target's own greedy output
+                        ref = {p["id"]: p["token_ids"] for p in ar["per_prompt"]}
+                        r["lossless"] = sum(p["token_ids"] == ref[p["id"]] for p in r["per_prompt"])
+                    r["per_prompt"] = [{k: x for k, x in p.items() if k != "token_ids"} for p in r["per_prompt"]]
+                    r["n_prompts"] = len(prompts)
+                    per_seed[str(seed)] = r
+                cell[v.name] = per_seed
+    return results
+
+
+def head_overheads(spec: ExperimentSpec, trained: dict) -> dict:
+    """Per domino variant (first seed): draft-step ms with the head on and off, measured on the side."""
+    from ..target import Target
+    from .timing import head_overhead_ms
+
+    out, cache, target = {}, {}, None
+    for v in spec.variants:
+        if v.run is None or not v.head:
+            continue
+        run = trained[(v.run, spec.seeds_of(v)[0])]
+        target = target or Target.from_pretrained(run.config.get("target", "default"))
+        d = load_variant(v, run, target, cache)
+        if d.head is not None:
+            out[v.name] = head_overhead_ms(d)
+    return out

@@ -1,0 +1,115 @@
+"""Result tables of an experiment: per (set, temperature) a row per variant, paired comparisons pooled over
+seeds, optional extras (base-loss curves, head overhead), the paper's numbers and the reading, as markdown."""
+from __future__ import annotations
+
+import statistics
+
+from ..evaluate import paired
+from .spec import ExperimentSpec
+
+
+def _mean_sd(xs: list[float]) -> str:
+    if len(xs) == 1:
+        return f"{xs[0]:.3f}"
+    return f"{statistics.fmean(xs):.3f} ± {statistics.stdev(xs):.3f}"
+
+
+def _config_value(cfg: dict, key: str):
+    node = cfg
+    for part in key.split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    return node
+
+
+def pooled_pair(cell: dict, a: str, b: str) -> dict | None:
+    """Per-prompt τ_a − τ_b pooled over the seeds both variants have (a one-seed variant such as `ar` pairs with
+    every seed of the other)."""
+    if a not in cell or b not in cell:
+        return None
+    sa, sb = cell[a], cell[b]
+    seeds = sorted(set(sa) & set(sb)) or [(x, y) for x in sa for y in sb]
+    pa, pb, ratios = [], [], []
+    for k in seeds:
+        ka, kb = (k, k) if isinstance(k, str) else k
+        pa += [dict(p, id=f"{ka}/{kb}/{p['id']}") for p in sa[ka]["per_prompt"]]
+        pb += [dict(p, id=f"{ka}/{kb}/{p['id']}") for p in sb[kb]["per_prompt"]]
+        ratios.append(sa[ka]["tau"] / sb[kb]["tau"] if sb[kb]["tau"] else float("nan"))
+    pr = paired({"per_prompt": pa, "tau": 1.0}, {"per_prompt": pb, "tau": 1.0})
+    return dict(pr, ratios=ratios, n_seed_pairs=len(seeds))
+
+
+def tables(spec: ExperimentSpec, results: dict, trained: dict, extras: dict) -> str:
+    cols = spec.columns
+    lines = []
+    for s, temps in results.items():
+        for temp, cell in temps.items():
+            lines += [f"### {s}, T={temp}", "",
+                      "| variant | " + "".join(f"{c} | " for c in cols) + "seeds | τ | speedup vs ar | tok/s | "
+                      "draft ms | verify ms | lossless | accept per position |",
+                      "|---|" + "---|" * (len(cols) + 8)]
+            for v in spec.variants:
+                if v.name not in cell:
+                    continue
+                per = cell[v.name]
+                rs = list(per.values())
+                cfg = trained[(v.run, int(next(iter(per))))].config if v.run else {}
+                cvals = "".join(f"{_config_value(cfg, c) if v.run else '–'} | " for c in cols)
+                ll = [r.get("lossless") for r in rs]
+                lossless = (f"{sum(ll)}/{sum(r['n_prompts'] for r in rs)}" if None not in ll else "–")
+                n = len(rs[0]["accept_pos"])
+                pos = " ".join(f"{statistics.fmean(a):.2f}" for a in (
+                    [r["accept_pos"][i] for r in rs if r["accept_pos"][i] is not None] for i in range(n)) if a)
+                lines.append(f"| {v.name} | {cvals}{len(rs)} | {_mean_sd([r['tau'] for r in rs])} | "
+                             f"{_mean_sd([r['speedup'] for r in rs])}× | {statistics.fmean(r['tok_s'] for r in rs):.1f} | "
+                             f"{statistics.fmean(r['draft_ms'] for r in rs):.2f} | "
+                             f"{statistics.fmean(r['verify_ms'] for r in rs):.2f} | {lossless} | {pos or '–'} |")
+            lines.append("")
+    if spec.compare:
+        lines += ["### Paired per-prompt differences (pooled over seeds)", "",
+                  "| a − b | set | T | τ ratio per seed | Δτ (95% CI) | n | wins/losses |", "|---|---|---|---|---|---|---|"]
+        for a, b in spec.compare:
+            for s, temps in results.items():
+                for temp, cell in temps.items():
+                    pr = pooled_pair(cell, a, b)
+                    if not pr or not pr.get("n"):
+                        continue
+                    lines.append(f"| {a} − {b} | {s} | {temp} | {' '.join(f'{x:.3f}' for x in pr['ratios'])} | "
+                                 f"{pr['mean_diff']:+.3f} ({pr['ci95'][0]:+.3f}, {pr['ci95'][1]:+.3f}) | {pr['n']} | "
+                                 f"{pr['wins']}/{pr['losses']} |")
+        lines.append("")
+    if "head_overhead" in extras:
+        lines += ["### Domino head cost per draft step (thread CPU time, median, same cached state; first seed)", "",
+                  "| variant | " + "".join(f"{c} | " for c in cols) + "draft ms head on | head off | head ms | on/off |",
+                  "|---|" + "---|" * (len(cols) + 4)]
+        for name, h in extras["head_overhead"].items():
+            v = next(x for x in spec.variants if x.name == name)
+            cfg = trained[(v.run, spec.seeds_of(v)[0])].config
+            cvals = "".join(f"{_config_value(cfg, c)} | " for c in cols)
+            lines.append(f"| {name} | {cvals}{h['draft_ms_head_on']:.2f} | {h['draft_ms_head_off']:.2f} | "
+                         f"{h['head_ms']:+.2f} | {h['head_ratio']:.2f}× |")
+        lines.append("")
+    if "base_loss" in extras:
+        bl = extras["base_loss"]
+        lines += ["### Base-logit (backbone) loss", "",
+                  "| run | seeds | CE of the base logits, mean of the last 50 logged steps |", "|---|---|---|"]
+        for name, c in bl["curves"].items():
+            tail = c["values"][-50:]
+            lines.append(f"| {name} | {c['n_runs']} | {sum(tail) / max(1, len(tail)):.3f} |")
+        lines += ["", f"![base loss]({bl['png']})", ""]
+    return "\n".join(lines)
+
+
+def markdown(spec: ExperimentSpec, results: dict, trained: dict, extras: dict, meta: dict) -> str:
+    head = [f"# {spec.title}", "", f"`{meta['command']}` — {meta['machine']}, {meta['date']}, "
+            f"{meta['wall_min']} min (training reused or run: {meta['trained']}).", ""]
+    if spec.question:
+        head += [f"**Question.** {spec.question.strip()}", ""]
+    head += [f"Eval: sets {', '.join(spec.sets)}; first {meta['limit']} prompts each; {meta['max_new_tokens']} new "
+             f"tokens; T ∈ {spec.temperatures}; seeds {spec.seeds}. Speedup = plain decoding's s/token ÷ the "
+             "variant's, both measured in this session on this machine; τ and acceptance come from the engine's "
+             "step records. Lossless = outputs identical to the target's own greedy output.", ""]
+    if spec.paper:
+        head += [f"**Paper.** {spec.paper.strip()}", ""]
+    body = tables(spec, results, trained, extras)
+    tail = ["## Reading", "", spec.reading.strip(), ""] if spec.reading and not meta.get("quick") else []
+    return "\n".join(head) + "\n" + body + "\n" + "\n".join(tail)

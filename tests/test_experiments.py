@@ -1,0 +1,131 @@
+"""The experiment runner (`python -m domino_lab.experiments`): every committed spec runs end to end in --quick
+mode on the embedded default (a few training steps, 2 prompts per set), its tables say what the spec asks, and
+bad specs fail with one line and write nothing."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from domino_lab.errors import UserError
+from domino_lab.experiments.__main__ import main
+from domino_lab.experiments.spec import available, load_spec, parse_spec
+
+ROOT = Path(__file__).resolve().parents[1]
+SPECS = ["head_ablation", "training_ablation", "block_size", "same_data", "sensitivity"]
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory):
+    """One runs folder for the module: runs are shared by name across experiments, as in real use."""
+    return tmp_path_factory.mktemp("experiments")
+
+
+def run_quick(work: Path, name: str) -> dict:
+    argv = ["run", name, "--quick", "--no-progress", "--out-dir", str(work / "results"), "--runs-dir",
+            str(work / "runs"), "--tracking-uri", f"sqlite:///{work / 'mlflow.db'}"]
+    assert main(argv) == 0
+    md = (work / "results" / f"{name}.md").read_text()
+    data = json.loads((work / "results" / f"{name}.json").read_text())
+    return {"md": md, **data}
+
+
+def test_committed_specs_are_the_five_experiments():
+    assert sorted(SPECS) == available()
+    for n in SPECS:
+        spec = load_spec(n)
+        assert spec.variants[0].name == "ar"          # every table carries its plain-decoding reference
+        assert (ROOT / "experiments" / "results" / f"{n}.md").exists(), f"{n}: no committed result table"
+
+
+@pytest.mark.parametrize("name", SPECS)
+def test_quick_run(work, name):
+    spec = load_spec(name)
+    out = run_quick(work, name)
+    res = out["results"]
+    assert list(res) == spec.sets
+    for s in spec.sets:
+        assert list(res[s]) == [str(t) for t in spec.temperatures]
+        for temp, cell in res[s].items():
+            expected = [v.name for v in spec.variants
+                        if (not v.sets or s in v.sets) and (v.temperatures is None or float(temp) in v.temperatures)]
+            assert list(cell) == expected
+            for v, per_seed in cell.items():
+                for r in per_seed.values():
+                    assert r["n_prompts"] == 2 and r["tau"] >= 1.0 and r["speedup"] > 0
+                    if float(temp) == 0.0:
+                        assert r["lossless"] == 2, f"{name} {s} {v}: greedy output differs from the target's"
+                    if v == "ar":
+                        assert r["tau"] == 1.0
+    md = out["md"]
+    # `report` re-renders the same markdown from the JSON alone (how a reading is added after a run)
+    assert main(["report", name, "--out-dir", str(work / "results")]) == 0
+    assert (work / "results" / f"{name}.md").read_text() == md
+    assert md.startswith(f"# {spec.title}") and "python -m domino_lab.experiments run" in md
+    for v in spec.variants:
+        assert f"| {v.name} |" in md
+    if "head_overhead" in spec.extras:
+        assert set(out["extras"]["head_overhead"]) == {v.name for v in spec.variants if v.run and v.head}
+        assert "Domino head cost per draft step" in md
+    if "base_loss" in spec.extras:
+        assert (work / "results" / f"{name}_base_loss.png").stat().st_size > 1000
+        curves = out["extras"]["base_loss"]["curves"]
+        assert set(curves) == {v.run for v in spec.variants if v.run} and all(c["values"] for c in curves.values())
+    if name == "same_data":     # FR-Spec rows: only on greedy math, draft vocabulary K as asked
+        assert "domino+fr512" in res["math"]["0.0"] and "domino+fr512" not in res["math"]["1.0"]
+        assert "| domino − dflash | code | 1.0 |" in md
+    if name == "block_size":
+        assert "| domino-b16 | 16 |" in md and "| dflash-b4 | 4 |" in md
+
+
+def test_runs_are_reused_not_retrained(work):
+    """A second run of the same experiment trains nothing (shared runs by name) and reports that."""
+    out = run_quick(work, "head_ablation")
+    assert out["meta"]["trained"] == "none (all reused)"
+
+
+def test_bad_specs_fail_with_one_line(tmp_path):
+    with pytest.raises(UserError, match="no experiment 'nope'"):
+        load_spec("nope")
+    base = {"title": "t", "runs": {"a": {"recipe": "domino"}}, "variants": [{"name": "ar"}, {"name": "x", "run": "a"}]}
+    parse_spec(base, "ok", "t.yaml")
+    for bad, msg in [({"variants": [{"name": "x", "run": "missing"}]}, "not under runs"),
+                     ({"runs": {"a": {"recipe": "domino", "sweep": "s.yaml"}}}, "exactly one of"),
+                     ({"sets": ["gsm8k"]}, "unknown eval set"),
+                     ({"compare": [["x", "nope"]]}, "pairs of variant names"),
+                     ({"extras": ["plots"]}, "unknown extras"),
+                     ({"lmit": 3}, "unknown key"),
+                     ({"variants": [{"name": "ar", "frspec_k": 8}]}, "no run")]:
+        with pytest.raises(UserError, match=msg):
+            parse_spec({**base, **bad}, "bad", "t.yaml")
+    # the CLI: one error line, non-zero exit, nothing written
+    spec = tmp_path / "broken.yaml"
+    spec.write_text(yaml.safe_dump({**base, "sets": ["gsm8k"]}))
+    out = tmp_path / "out"
+    p = subprocess.run([sys.executable, "-m", "domino_lab.experiments", "run", str(spec), "--out-dir", str(out)],
+                       capture_output=True, text=True, cwd=ROOT)
+    assert p.returncode != 0 and p.stderr.strip().count("\n") == 0 and "unknown eval set 'gsm8k'" in p.stderr
+    assert not out.exists()
+
+
+def test_command_line_overrides(tmp_path):
+    """key=value after the name reaches every run (e.g. another target) in its own folders; a bad one fails first,
+    creating nothing."""
+    from domino_lab.experiments.training import resolve_runs
+
+    spec = load_spec("block_size")
+    plain = resolve_runs(spec, tmp_path / "r", quick=False)
+    other = resolve_runs(spec, tmp_path / "r", quick=False, extra=["max_steps=50", "loss.gamma=3"])
+    assert len(plain) == len(other) == 6
+    for (r, seed, a, _), (_, _, b, _) in zip(plain, other):
+        assert a.out_dir != b.out_dir and Path(b.out_dir).name.startswith(f"{r.name}-s{seed}-")
+        assert (b.max_steps, b.loss.gamma) == (50, 3) and b.drafter.block_size == a.drafter.block_size
+    p = subprocess.run([sys.executable, "-m", "domino_lab.experiments", "run", "head_ablation", "bogus=1", "--quick",
+                        "--runs-dir", str(tmp_path / "runs"), "--out-dir", str(tmp_path / "out")],
+                       capture_output=True, text=True, cwd=ROOT)
+    assert p.returncode != 0 and "unknown config key 'bogus'" in p.stderr and p.stderr.strip().count("\n") == 0
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "out").exists()
