@@ -84,7 +84,7 @@ def run(args) -> dict:
             "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, {torch.get_num_threads()} torch threads",
             "date": time.strftime("%Y-%m-%d %H:%M"), "wall_min": round((time.time() - t0) / 60, 1),
             "trained": sorted(after - before) or "none (all reused)", "quick": quick,
-            "limit": QUICK_EVAL["limit"] if quick else spec.limit,
+            "seeds": spec.seeds, "limit": QUICK_EVAL["limit"] if quick else spec.limit,
             "max_new_tokens": QUICK_EVAL["max_new_tokens"] if quick else spec.max_new_tokens,
             "quick_train_overrides": QUICK_TRAIN if quick else None,
             "runs": {f"{k[0]}-s{k[1]}": t.path for k, t in trained.items()},

@@ -105,7 +105,7 @@ def markdown(spec: ExperimentSpec, results: dict, trained: dict, extras: dict, m
     if spec.question:
         head += [f"**Question.** {spec.question.strip()}", ""]
     head += [f"Eval: sets {', '.join(spec.sets)}; first {meta['limit']} prompts each; {meta['max_new_tokens']} new "
-             f"tokens; T ∈ {spec.temperatures}; seeds {spec.seeds}. Speedup = plain decoding's s/token ÷ the "
+             f"tokens; T ∈ {spec.temperatures}; seeds {meta.get('seeds', spec.seeds)}. Speedup = plain decoding's s/token ÷ the "
              "variant's, both measured in this session on this machine; τ and acceptance come from the engine's "
              "step records. Lossless = outputs identical to the target's own greedy output.", ""]
     if spec.paper:
