@@ -23,6 +23,10 @@ ENV PYTHONUNBUFFERED=1 \
 
 WORKDIR /app
 
+# a C++ compiler: the Domino head's default inference path (head_impl=fused) builds its CPU loop on first use;
+# without one it falls back to the slower torch path with a warning
+RUN apt-get update && apt-get install -y --no-install-recommends g++ && rm -rf /var/lib/apt/lists/*
+
 # torch first and on its own layer: an unpinned torch would pull a multi-GB CUDA build into the CPU image
 RUN if [ "$TORCH_VARIANT" = "cpu" ]; then \
         pip install --no-cache-dir --index-url "$TORCH_CPU_INDEX" "torch==${TORCH_VERSION}"; \

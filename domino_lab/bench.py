@@ -3,8 +3,9 @@ user would pick instead, measured in one run, interleaved, after warm-up.
 
 Methods: `ar` (plain greedy through our engine), `hf` (`generate(do_sample=False)`), `hf-prompt-lookup`,
 `hf-assisted` (a small autoregressive assistant of the same tokenizer), `dflash` and `domino` (our drafters), and
-`domino-eager` / `domino-compiled` (the same Domino drafter with the eager reference head, or with the fast head's
-greedy rollout compiled by torch.compile: what the fast head saves, and what compilation adds on top).
+`domino-eager` / `domino-fast` / `domino-compiled` (the same Domino drafter with the eager reference head, the
+fast head in torch ops, or its greedy rollout compiled by torch.compile; `domino` uses the drafter's own setting,
+by default the fused C++ loop: what each head path costs per draft step).
 Every method's tokens are checked against `ar`'s on every prompt (greedy decoding is lossless).
 """
 from __future__ import annotations
@@ -19,9 +20,11 @@ from pathlib import Path
 
 from .errors import UserError, run_cli, atomic_path
 
-METHODS = ("ar", "hf", "hf-prompt-lookup", "hf-assisted", "dflash", "domino-eager", "domino-compiled", "domino")
-OURS = ("ar", "dflash", "domino-eager", "domino-compiled", "domino")
-HEAD_VARIANTS = {"domino-eager": ("eager", 0), "domino-compiled": ("compiled", None)}   # method -> (impl, pool)
+METHODS = ("ar", "hf", "hf-prompt-lookup", "hf-assisted", "dflash", "domino-eager", "domino-fast", "domino-compiled",
+           "domino")
+OURS = ("ar", "dflash", "domino-eager", "domino-fast", "domino-compiled", "domino")
+HEAD_VARIANTS = {"domino-eager": ("eager", 0), "domino-fast": ("fast", None),    # method -> (impl, pool)
+                 "domino-compiled": ("compiled", None)}
 
 
 @dataclass

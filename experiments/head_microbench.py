@@ -1,5 +1,6 @@
-"""Micro-benchmark of one draft step: DFlash (head off) vs the Domino head, eager vs fast, across block sizes and
-vocabulary sizes (issue 10). One draft step = backbone + LM head + (for Domino) the sequential GRU rollout.
+"""Micro-benchmark of one draft step: DFlash (head off) vs the Domino head, eager vs fast vs compiled vs fused,
+across block sizes and vocabulary sizes (issue 10). One draft step = backbone + LM head + (for Domino) the
+sequential GRU rollout.
 
     python experiments/head_microbench.py                      # full grid -> experiments/results/head_microbench.md
     python experiments/head_microbench.py --quick --out /tmp/x # tests
@@ -23,10 +24,10 @@ import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from domino_lab import Drafter, Target
-from domino_lab.experiments.timing import cached_step
+from domino_lab.experiments.timing import cached_step, interleaved_ms
 from domino_lab.models.drafter import load_drafter
 
-VARIANTS = ("dflash", "eager", "fast K=0", "fast K=64", "fast K=256", "compiled K=64")
+VARIANTS = ("dflash", "eager", "fast K=0", "fast K=64", "fast K=256", "compiled K=64", "fused K=0", "fused K=64")
 
 
 def random_target(vocab: int, hidden: int = 256, seed: int = 0) -> Target:
@@ -52,24 +53,8 @@ def set_variant(d: Drafter, v: str) -> None:
 
 
 def measure(d: Drafter, ctx: int, reps: int, rounds: int, variants=VARIANTS) -> dict:
-    cfg = d.config
-    g = torch.Generator().manual_seed(0)
-    step = cached_step(d, ctx, g)
-    cpu = {v: [] for v in variants}
-    wall = {v: [] for v in variants}
-    for v in variants:          # warm-up (also builds the fast head's input table once)
-        set_variant(d, v)
-        step()
-    for _ in range(rounds):     # interleaved: every variant sees the same machine state
-        for v in variants:
-            set_variant(d, v)
-            for _ in range(reps):
-                t0, c0 = time.perf_counter(), time.thread_time()
-                step()
-                cpu[v].append(time.thread_time() - c0)
-                wall[v].append(time.perf_counter() - t0)
-    return {v: {"cpu_ms": 1e3 * statistics.median(cpu[v]), "wall_ms": 1e3 * statistics.median(wall[v])}
-            for v in variants}
+    step = cached_step(d, ctx, torch.Generator().manual_seed(0))
+    return interleaved_ms(step, variants, lambda v: set_variant(d, v), reps, rounds)
 
 
 def profile_default(ctx: int, reps: int) -> dict:
@@ -105,7 +90,8 @@ def profile_default(ctx: int, reps: int) -> dict:
         "  of which LM head (8 slots x 8192)": lambda: d.lm_head(h),
         "Domino rollout, eager (nn.GRU + full W2)": lambda: draft("eager"),
         "Domino rollout, fast K=64": lambda: d.head.rollout(h, base, anchor, emb, 64),
-        "Domino rollout, compiled K=64": lambda: d.head.rollout(h, base, anchor, emb, 64, compiled=True),
+        "Domino rollout, compiled K=64": lambda: d.head.rollout(h, base, anchor, emb, 64, impl="compiled"),
+        "Domino rollout, fused K=64": lambda: d.head.rollout(h, base, anchor, emb, 64, impl="fused"),
         "verify: target forward of 9 tokens": lambda: verify(cfg.num_drafts + 1),
         "plain decoding step: target forward of 1 token": lambda: verify(1),
     }
@@ -126,7 +112,8 @@ def profile_default(ctx: int, reps: int) -> dict:
 
 def table(rows: list[dict]) -> str:
     variants = list(rows[0]["ms"])
-    ratios = [v for v in ("eager", "fast K=0", "fast K=64", "compiled K=64") if v in variants]
+    ratios = [v for v in ("eager", "fast K=0", "fast K=64", "compiled K=64", "fused K=0", "fused K=64")
+              if v in variants]
     head = "| vocab | block | " + " | ".join(variants) + " | " + " | ".join(f"{v} / dflash" for v in ratios) + " |"
     lines = [head, "|" + "---|" * (len(variants) + len(ratios) + 2)]
     for r in rows:
@@ -163,13 +150,15 @@ def main(argv=None) -> int:
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     cmd = "python experiments/head_microbench.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    md = (f"# One draft step: DFlash vs Domino head (eager, fast)\n\n`{cmd.strip()}` — {time.strftime('%Y-%m-%d')}, "
+    md = (f"# One draft step: DFlash vs Domino head (eager, fast, compiled, fused)\n\n`{cmd.strip()}` — "
+          f"{time.strftime('%Y-%m-%d')}, "
           f"{platform.processor() or platform.machine()}, torch {torch.__version__}, 1 thread, context {a.ctx}.\n\n"
           "Median CPU ms per draft step (thread CPU time; wall-clock medians in the JSON), decoding-like: the context "
           "is in the draft cache and 2 newly committed positions are appended. `dflash` is the same "
           "drafter with the head off; `fast K` scores the correction on a pool of K candidates (K=0: full "
           "vocabulary, the exact drafts); `compiled` is the fast greedy rollout under torch.compile (compiled "
-          "during warm-up, not timed).\n\n" + table(rows) + "\n")
+          "during warm-up, not timed); `fused` is the greedy rollout as one C++ loop (head_impl=fused, the "
+          "default; built during warm-up).\n\n" + table(rows) + "\n")
     if prof:
         md += ("\n## Where a speculative step's time goes (embedded default, block 8, context "
                f"{a.ctx}; median CPU ms)\n\n| part | ms |\n|---|---|\n" +

@@ -49,8 +49,7 @@ def main(argv=None) -> int:
 
     def spy(h, base, anchor, embed_weight, pool=0, temperature=0.0, *rest, **kw):
         out = exact_rollout(h, base, anchor, embed_weight, pool, temperature, *rest, **kw)
-        table, w_s = head.fast_weights(embed_weight)
-        w1_h = head.w1.weight[:, : h.shape[-1]]
+        table, w_s, w1_h = head.fast_weights(embed_weight)
         for K in a.pools:
             toks = greedy_rollout(table, w_s, w1_h, head.w2.weight, h, base, anchor, K)[0]
             same = (toks == out.tokens).long().cumprod(-1).sum(0)        # rows whose prefix 0..i matches

@@ -1,4 +1,5 @@
-"""Issue 10: the fast Domino head (input table, candidate pool, compiled rollout) against the eager reference."""
+"""Issue 10: the fast Domino head (input table, candidate pool, compiled rollout, fused C++ loop) against the eager
+reference."""
 import pytest
 import torch
 
@@ -73,7 +74,8 @@ def test_input_table_follows_weight_updates(trained):
     assert torch.allclose(head.fast_weights(emb)[0], before)
 
 
-@pytest.mark.parametrize("impl,pool", [("eager", 0), ("fast", 0), ("fast", 6), ("compiled", 6)])
+@pytest.mark.parametrize("impl,pool", [("eager", 0), ("fast", 0), ("fast", 6), ("compiled", 6), ("fused", 0),
+                                       ("fused", 6)])
 def test_greedy_stays_lossless(target, trained, impl, pool):
     trained.config.head_impl, trained.config.candidate_pool = impl, pool
     taus = []
@@ -85,15 +87,102 @@ def test_greedy_stays_lossless(target, trained, impl, pool):
     assert sum(taus) / len(taus) > 1.0
 
 
+def assert_drafts_like_fast(d, impl, pools, feats, anchor, ctx) -> list:
+    """`impl` drafts the tokens, and ranks the final top-k ids, of the torch fast path at every pool size."""
+    drafts = []
+    for pool in pools:
+        f = draft_with(d, "fast", pool, feats, anchor, ctx)
+        drafts.append(draft_with(d, impl, pool, feats, anchor, ctx))
+        assert torch.equal(f.tokens, drafts[-1].tokens), (impl, pool)
+        assert torch.equal(f.final_topk[0], drafts[-1].final_topk[0]), (impl, pool)
+    return drafts
+
+
 def test_compiled_rollout_equals_fast(target, trained):
     g = torch.Generator().manual_seed(2)
     feats = torch.randn(2, 9, len(trained.config.target_layer_ids) * 32, generator=g, dtype=torch.float64)
+    assert_drafts_like_fast(trained, "compiled", (0, 6), feats, torch.tensor([7, 42]), 9)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_fused_rollout_equals_fast(dtype, trained):
+    """The C++ loop drafts what the torch fast path drafts (full vocabulary, pools, a batch of rows, FR-Spec), ranks
+    the same final top-k, and leaves T > 0 to the torch path (same generator -> same samples)."""
+    d = trained if dtype == torch.float64 else Drafter.untrained(tiny_target(vocab=100, hidden=32, dtype=dtype),
+                                                                 "domino", seed=3, block_size=8, num_layers=1)
+    tol = 1e-9 if dtype == torch.float64 else 1e-4
+    g = torch.Generator().manual_seed(4)
+    for trial in range(4):
+        ctx = 4 + 5 * trial
+        feats = torch.randn(3, ctx, len(d.config.target_layer_ids) * 32, generator=g, dtype=dtype)
+        anchor = torch.randint(0, 99, (3,), generator=g)
+        for pool in (0, 6, 100):
+            f = draft_with(d, "fast", pool, feats, anchor, ctx)
+            u = draft_with(d, "fused", pool, feats, anchor, ctx)
+            assert torch.equal(f.tokens, u.tokens), (trial, pool)
+            assert torch.equal(f.final_topk[0], u.final_topk[0])
+            assert torch.allclose(f.final_topk[1], u.final_topk[1], atol=tol)
+            assert torch.equal(f.base_topk[0], u.base_topk[0])
+        sampled = []
+        for impl in ("fast", "fused"):
+            d.config.head_impl = impl
+            sampled.append(d.draft(feats, 0, anchor, ctx, None, temperature=1.0,
+                                   generator=torch.Generator().manual_seed(5)))
+        assert torch.equal(sampled[0].tokens, sampled[1].tokens) and torch.equal(sampled[0].q, sampled[1].q)
+    d.config.head_impl = "fused"
+
+
+def test_fused_rollout_under_frspec_equals_fast(target):
+    from domino_lab.models.frspec import restrict
+    d = Drafter.untrained(target, "domino", seed=5, block_size=6, num_layers=1)
+    ids = list(range(3, 100, 3))
+    d = restrict(d, ids)
+    g = torch.Generator().manual_seed(6)
+    feats = torch.randn(2, 7, len(d.config.target_layer_ids) * 32, generator=g, dtype=torch.float64)
+    for u in assert_drafts_like_fast(d, "fused", (0, 5), feats, torch.tensor([4, 50]), 7):
+        assert set(u.tokens.flatten().tolist()) <= set(ids)
+
+
+def test_fused_kernel_is_built_once_and_falls_back_without_a_compiler(monkeypatch, tmp_path, target, trained):
+    import os
+    import shutil
+    from domino_lab.models import head_kernel
+    if not (os.environ.get("CXX") or any(shutil.which(c) for c in ("c++", "g++", "clang++"))):
+        pytest.skip("no C++ compiler (apt-get install g++): the fused head falls back to the torch path")
+    monkeypatch.setenv("DOMINO_LAB_CACHE", str(tmp_path / "cache"))
+    path = head_kernel.build()
+    assert path.parent == tmp_path / "cache" / "kernels" and path.exists()
+    assert [p.name for p in path.parent.iterdir()] == [path.name]        # no temporary build folder left behind
+    stamp = path.stat().st_mtime_ns
+    assert head_kernel.build() == path and path.stat().st_mtime_ns == stamp       # cached: not rebuilt
+    # an anchor outside the vocabulary is refused before the loop reads memory
+    h = torch.zeros(1, 8, 32, dtype=torch.float64)
+    fw = trained.head.fused_weights(trained.target.embed_tokens.weight)
+    with pytest.raises(IndexError, match="anchor"):
+        head_kernel.fused_greedy_rollout(fw, h, trained.lm_head(h), torch.tensor([100]), 6)
+    # a weight update rebinds the loop to the new weights
+    with torch.no_grad():
+        trained.head.w2.weight.mul_(2.0)
+    try:
+        assert trained.head.fused_weights(trained.target.embed_tokens.weight) is not fw
+    finally:
+        with torch.no_grad():
+            trained.head.w2.weight.div_(2.0)
+    # no compiler: one warning, then the torch path with the same drafts
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
+    monkeypatch.setenv("DOMINO_LAB_CACHE", str(tmp_path / "empty"))
+    monkeypatch.setattr(head_kernel, "_lib", None)
+    fresh = Drafter.untrained(target, "domino", seed=3, block_size=8, num_layers=1)
+    fresh.load_state_dict(trained.state_dict())
+    g = torch.Generator().manual_seed(7)
+    feats = torch.randn(2, 9, len(trained.config.target_layer_ids) * 32, generator=g, dtype=torch.float64)
     anchor = torch.tensor([7, 42])
-    for pool in (0, 6):
-        f = draft_with(trained, "fast", pool, feats, anchor, 9)
-        c = draft_with(trained, "compiled", pool, feats, anchor, 9)
-        assert torch.equal(f.tokens, c.tokens)
-        assert torch.equal(f.final_topk[0], c.final_topk[0])
+    with pytest.warns(UserWarning, match="fused.*unavailable"):
+        u = draft_with(fresh, "fused", 6, feats, anchor, 9)
+    assert head_kernel._lib is False
+    assert torch.equal(u.tokens, draft_with(trained, "fast", 6, feats, anchor, 9).tokens)
+    import copy
+    copy.deepcopy(trained)          # a head that has cached the fused loop still copies (and pickles)
 
 
 def test_sampling_with_a_pool_keeps_the_target_distribution():
@@ -135,4 +224,4 @@ def test_microbench_quick(tmp_path):
     spec.loader.exec_module(mod)
     assert mod.main(["--quick", "--out", str(tmp_path)]) == 0
     md = (tmp_path / "head_microbench.md").read_text()
-    assert "| 512 | 4 |" in md and "fast K=64" in md
+    assert "| 512 | 4 |" in md and "fast K=64" in md and "fused K=64" in md

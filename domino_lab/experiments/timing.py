@@ -25,23 +25,34 @@ def cached_step(d, ctx: int, g: torch.Generator, new: int = 2):
     return step
 
 
+def interleaved_ms(step, variants, set_variant, reps: int = 20, rounds: int = 3) -> dict:
+    """Median thread-CPU and wall ms of `step()` under each variant: one warm-up call each, then `rounds` rounds of
+    `reps` calls per variant, interleaved so every variant sees the same machine state. Thread CPU time is robust
+    to other processes sharing the cores."""
+    cpu = {v: [] for v in variants}
+    wall = {v: [] for v in variants}
+    for v in variants:            # warm-up (builds the fast head's input table, the fused kernel)
+        set_variant(v)
+        step()
+    for _ in range(rounds):
+        for v in variants:
+            set_variant(v)
+            for _ in range(reps):
+                t0, c0 = time.perf_counter(), time.thread_time()
+                step()
+                cpu[v].append(time.thread_time() - c0)
+                wall[v].append(time.perf_counter() - t0)
+    return {v: {"cpu_ms": 1e3 * statistics.median(cpu[v]), "wall_ms": 1e3 * statistics.median(wall[v])}
+            for v in variants}
+
+
 def head_overhead_ms(d, ctx: int = 128, reps: int = 20, rounds: int = 3) -> dict:
     """Median thread-CPU ms of one draft step with the Domino head on and off (same weights, interleaved rounds)."""
     step = cached_step(d, ctx, torch.Generator().manual_seed(0))
     was = d.head_enabled
-    times = {True: [], False: []}
     try:
-        for on in (True, False):      # warm-up (builds the fast head's input table)
-            d.head_enabled = on
-            step()
-        for _ in range(rounds):
-            for on in (True, False):
-                d.head_enabled = on
-                for _ in range(reps):
-                    c0 = time.thread_time()
-                    step()
-                    times[on].append(time.thread_time() - c0)
+        ms = interleaved_ms(step, (True, False), lambda on: setattr(d, "head_enabled", on), reps, rounds)
     finally:
         d.head_enabled = was
-    on, off = (1e3 * statistics.median(times[k]) for k in (True, False))
+    on, off = ms[True]["cpu_ms"], ms[False]["cpu_ms"]
     return {"draft_ms_head_on": on, "draft_ms_head_off": off, "head_ms": on - off, "head_ratio": on / off}

@@ -11,7 +11,7 @@ if TYPE_CHECKING:
     from ..target import Target
 
 METHODS = ("dflash", "domino", "eagle")
-HEAD_IMPLS = ("fast", "compiled", "eager")
+HEAD_IMPLS = ("fused", "fast", "compiled", "eager")
 
 
 @dataclass
@@ -38,12 +38,15 @@ class DrafterConfig:
     # Domino head (ignored for dflash).
     gru_hidden: int = 256             # g
     rank: int = 64                    # r
-    # Inference path of the head (issue 10): "fast" = precomputed GRU input table + candidate pool; "compiled" =
-    # the fast greedy rollout under torch.compile; "eager" = nn.GRU + full-vocabulary correction (the reference).
+    # Inference path of the head (issue 10): "fused" = the greedy rollout as one C++ loop on the CPU (built on first
+    # use, models/head_kernel.py; T > 0, GPUs and machines without a C++ compiler use "fast"); "fast" = precomputed
+    # GRU input table + candidate pool in torch ops; "compiled" = the fast greedy rollout under torch.compile;
+    # "eager" = nn.GRU + full-vocabulary correction (the reference). "fused" is the default because on a CPU the
+    # head's cost is op dispatch, not arithmetic (experiments/results/bench.md, "The head's cost in decoding").
     # candidate_pool K: score the correction only on the top-K tokens of the block's max base logits; 0 = the full
     # vocabulary (exact: the eager drafts). 64 on the embedded default: τ equal to the exact head on math and
     # humaneval, 98.8% agreement on draft 1 (experiments/results/head_pool.md).
-    head_impl: str = "fast"
+    head_impl: str = "fused"
     candidate_pool: int = 64
     # FR-Spec: draft only among the K most frequent tokens of the training data (0 = off). The ids live in the
     # checkpoint (buffer `frspec_ids`); base logits (and Domino's W2) are scored on them only, drafts are mapped

@@ -4,14 +4,17 @@ S_i = GRU(E(x_anchor), E(d_1), ..., E(d_i)) with a zero state per block, over th
 embeddings; dL_i = W2 . SiLU(W1 . [H_i ; S_i]); L_i = L_base_i + dL_i; the first draft is uncorrected.
 Correcting logits (not hidden states) avoids a full LM-head pass per sequential step.
 
-Two inference paths (DESIGN §8, issue 10):
+Inference paths (DESIGN §8, issue 10):
 - `eager`: nn.GRU and the correction over the full vocabulary, one module call per step (the reference);
 - `fast`: the GRU input projection of every vocabulary row precomputed (a V x 3g table, so a step's input is a
   row gather), W1_H . H_i for all slots in one matmul before the loop, the GRU cell written out, and the
   correction scored only on a candidate pool (top-K of the per-token max base logit over the block's slots;
   K = 0 scores the full vocabulary and gives the eager drafts);
 - `compiled`: the fast greedy rollout as one `torch.compile`d graph (no per-step Python or allocation; CUDA graphs
-  on CUDA via mode="reduce-overhead"); falls back to `fast` with a warning where compilation is unavailable.
+  on CUDA via mode="reduce-overhead"); falls back to `fast` with a warning where compilation is unavailable;
+- `fused`: the fast greedy rollout as one C++ loop on the CPU (head_kernel.py; the default, because op
+  dispatch, not arithmetic, is the head's cost on a CPU); falls back to `fast` on GPUs, for T > 0, and where no
+  C++ compiler is found.
 """
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..decoding.sampling import sample_from
+from .head_kernel import FusedWeights, fused_greedy_rollout, prepare
 
 
 @dataclass
@@ -31,6 +35,8 @@ class Rollout:
     logits: torch.Tensor            # [b, n, K] final logits over `ids` (K = V when the pool is the vocabulary)
     ids: torch.Tensor | None        # [b, K] vocabulary ids of the logits' last dim; None = the whole vocabulary
     q: torch.Tensor | None          # [b, n, V] the exact distributions the drafts were sampled from (T > 0)
+    top: tuple[torch.Tensor, torch.Tensor] | None = None   # (vocabulary ids, values) [b, n, k] of the largest final
+    #                                                        logits (slot 0: over the whole draft vocabulary), if known
 
 
 class DominoHead(nn.Module):
@@ -40,6 +46,7 @@ class DominoHead(nn.Module):
         self.w1 = nn.Linear(hidden_size + gru_hidden, rank, bias=False)
         self.w2 = nn.Linear(rank, vocab_size, bias=False)   # own weights, not tied to the LM head
         self._table = None    # (key, V x 3g input projections) for the fast path
+        self._fused = None    # (the _table entry it was built from, FusedWeights or None)
 
     def correction(self, h: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
         """dL = W2 . SiLU(W1 . [H ; S]) for any leading shape."""
@@ -70,45 +77,64 @@ class DominoHead(nn.Module):
         return torch.cat([base[:, :1], base[:, 1:] + delta], dim=1)
 
     # ---- fast inference path ---------------------------------------------------------------------
-    def fast_weights(self, embed_weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(E . W_ih^T [V, 3g] in PyTorch's gate order r, z, n; [W1_S ; W_hh]^T [g, r + 3g]).
+    def fast_weights(self, embed_weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(E . W_ih^T [V, 3g] in PyTorch's gate order r, z, n; [W1_S ; W_hh]^T [g, r + 3g]; W1_H [r, H]).
 
         The table turns each step's GRU input projection into a row gather; stacking W1_S over W_hh lets one
-        matmul of the new state give both its correction input and the next step's recurrent gates. Rebuilt
-        whenever a weight changes (optimizer steps and load_state_dict bump the tensors' version counters), so
-        validation during training never reads a stale table.
+        matmul of the new state give both its correction input and the next step's recurrent gates; W1_H is kept
+        contiguous for the fused loop. Rebuilt whenever a weight changes (optimizer steps and load_state_dict bump
+        the tensors' version counters), so validation during training never reads a stale table.
         """
-        ws = (embed_weight, self.gru.weight_ih_l0, self.gru.weight_hh_l0, self.w1.weight)
+        ws = (embed_weight, self.gru.weight_ih_l0, self.gru.weight_hh_l0, self.w1.weight, self.w2.weight)
         key = tuple((w.data_ptr(), w._version, w.dtype, w.device) for w in ws)
         if self._table is None or self._table[0] != key:
             with torch.no_grad():
                 hidden = self.w1.in_features - self.gru.hidden_size
                 table = embed_weight @ self.gru.weight_ih_l0.t()
                 stacked = torch.cat([self.w1.weight[:, hidden:], self.gru.weight_hh_l0], dim=0).t().contiguous()
-            self._table = (key, (table, stacked))
+                w1_h = self.w1.weight[:, :hidden].contiguous()
+            self._table = (key, (table, stacked, w1_h))
         return self._table[1]
+
+    def fused_weights(self, embed_weight: torch.Tensor) -> FusedWeights | None:
+        """The fused loop bound to the current weights (rebuilt with the fast path's table); None where it cannot
+        run (see head_kernel.prepare)."""
+        table, w_s, w1_h = self.fast_weights(embed_weight)
+        if self._fused is None or self._fused[0] is not self._table:
+            self._fused = (self._table, prepare(table, w_s, w1_h, self.w2.weight))
+        return self._fused[1]
 
     @torch.no_grad()
     def rollout(self, h: torch.Tensor, base: torch.Tensor, anchor: torch.Tensor, embed_weight: torch.Tensor,
                 pool: int = 0, temperature: float = 0.0, top_p: float = 1.0,
-                generator: torch.Generator | None = None, compiled: bool = False,
-                vocab_ids: torch.Tensor | None = None) -> Rollout:
+                generator: torch.Generator | None = None, impl: str = "fast",
+                vocab_ids: torch.Tensor | None = None, topk: int = 5) -> Rollout:
         """Draft n tokens sequentially with the fast head. h [b, n, H], base [b, n, V], anchor [b].
 
         With a pool of K tokens the corrected logits exist only on the pool: drafts 1.. are drawn from the pool
         (greedy: its argmax; T > 0: softmax over the pool, so q is exactly the distribution sampled from and
         rejection sampling stays lossless). Draft 0 is uncorrected and uses the full base logits.
 
+        impl: "fast" (torch ops), "compiled" (torch.compile) or "fused" (the C++ loop of head_kernel.py); the
+        latter two apply to greedy drafting and fall back to "fast" where they cannot run. The fused loop also
+        returns each slot's top-`topk` final logits (`Rollout.top`).
+
         FR-Spec (`vocab_ids` [K'] sorted vocabulary ids): `base` is over that subset only and the rollout runs in
         it (W2 restricted to its rows, the pool drawn from it); drafted tokens and returned `ids` are vocabulary
         ids, and q is zero outside the subset.
         """
-        table, w_s = self.fast_weights(embed_weight)
-        w1_h, w2 = self.w1.weight[:, : h.shape[-1]], self.w2.weight
+        if temperature <= 0 and impl == "fused":
+            fw = self.fused_weights(embed_weight)
+            out = None if fw is None else fused_greedy_rollout(fw, h, base, anchor, pool, vocab_ids, topk)
+            if out is not None:
+                tokens, logits, ids, top = out
+                return Rollout(tokens, logits, _vocab_ids(ids, vocab_ids, base.shape[0]), None, top)
+        table, w_s, w1_h = self.fast_weights(embed_weight)
+        w2 = self.w2.weight
         if vocab_ids is not None:
             w2 = w2[vocab_ids]
         if temperature <= 0:
-            fn = compiled_greedy_rollout(h.device) if compiled else greedy_rollout
+            fn = compiled_greedy_rollout(h.device) if impl == "compiled" else greedy_rollout
             tokens, logits, ids = fn(table, w_s, w1_h, w2, h, base, anchor, pool, vocab_ids)
             return Rollout(tokens, logits, ids, None)
         b, n, _ = base.shape

@@ -127,7 +127,8 @@ class Drafter(nn.Module):
         return out.scatter_(-1, vm.expand_as(q), q)
 
     def set_head(self, impl: str | None = None, candidate_pool: int | None = None) -> "Drafter":
-        """Choose the head's inference path (`fast`, `compiled`, `eager`) and candidate pool (0 = full vocabulary)."""
+        """Choose the head's inference path (`fused`, `fast`, `compiled`, `eager`) and candidate pool (0 = full
+        vocabulary)."""
         from .config import HEAD_IMPLS
         if impl is not None:
             if impl not in HEAD_IMPLS:
@@ -178,7 +179,7 @@ class Drafter(nn.Module):
         hs = self.backbone(self.embed(block_ids), block_pos, ctx_feats, ctx_pos, mask=mask, cache=cache)
         if cache is not None:
             cache.crop(-cfg.block_size)      # keep context K/V only; block K/V are recomputed every round
-        fast = self.uses_head and cfg.head_impl in ("fast", "compiled")
+        fast = self.uses_head and cfg.head_impl in ("fast", "compiled", "fused")
         compiled = fast and cfg.head_impl == "compiled" and temperature <= 0
         # the compiled rollout always drafts every slot (one graph per shape), then keeps the first n
         m = cfg.num_drafts if compiled else n
@@ -189,7 +190,10 @@ class Drafter(nn.Module):
         bt = (self._to_vocab(bt.indices), bt.values)
         if fast:
             r = self.head.rollout(h, base, anchor, self.target.embed_tokens.weight, cfg.candidate_pool,
-                                  temperature, top_p, generator, compiled=compiled, vocab_ids=self.draft_vocab)
+                                  temperature, top_p, generator, impl=cfg.head_impl, vocab_ids=self.draft_vocab,
+                                  topk=k)
+            if r.top is not None:            # the fused loop ranked the final logits itself (and drafted n slots)
+                return Draft(r.tokens, r.q, bt, r.top)
             logits = r.logits[:, :n]
             ft = logits.topk(min(k, logits.shape[-1]), dim=-1)
             f_ids = ft.indices if r.ids is None else r.ids.unsqueeze(1).expand_as(logits).gather(-1, ft.indices)
@@ -321,7 +325,8 @@ def add_head_args(p) -> None:
     """--head-impl / --candidate-pool for every CLI that loads a drafter (None = the checkpoint's own setting)."""
     from .config import HEAD_IMPLS
     p.add_argument("--head-impl", default=None, choices=HEAD_IMPLS,
-                   help="Domino head inference path: fast (table + pool), compiled (torch.compile), eager (reference)")
+                   help="Domino head inference path: fused (one C++ loop, CPU greedy), fast (table + pool in torch ops), "
+                        "compiled (torch.compile), eager (reference)")
     p.add_argument("--candidate-pool", type=int, default=None,
                    help="score the head's correction on the top-K candidates only (0 = full vocabulary, exact)")
 

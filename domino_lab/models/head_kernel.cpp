@@ -1,0 +1,197 @@
+// The Domino head's greedy rollout as one CPU loop (head_impl = "fused", issue 10).
+//
+// Same arithmetic as domino_head.greedy_rollout: pool = top-K of the per-token max base logit over the block's
+// slots; S_0 = GRU(E x_anchor) from a zero state; for every later slot the GRU consumes the previous draft (its
+// input gates are a row of the precomputed table E W_ih^T), ΔL = W2 . SiLU(W1_H h + W1_S s) is scored on the pool
+// and the draft is the argmax of base + ΔL. Written out by hand because on a CPU the rollout is ~30 tiny ops per
+// slot and PyTorch's per-op dispatch (eager) or per-call guards (torch.compile) cost more than the arithmetic.
+// Built on first use by head_kernel.py with the system C++ compiler and called through ctypes; no torch headers.
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+namespace {
+
+// exp for the gates. float: range reduction x = n ln2 + r (|r| <= ln2/2, ln2 split in two parts) and a degree-6
+// Taylor polynomial (error ~1 ulp), scaled by 2^n through the exponent bits; written out so that the gate loops
+// vectorise (libm's scalar expf/tanhf were ~80% of a step's gate time). double (the tests' path): libm.
+template <typename T> inline T vexp(T x) { return std::exp(x); }
+template <> inline float vexp<float>(float x) {
+    x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);      // keeps 2^n a normal float
+    const float n = std::floor(x * 1.44269504088896341f + 0.5f);
+    const float r = (x - n * 0.693145751953125f) - n * 1.42860682030941723e-6f;
+    const float p = 1.0f + r * (1.0f + r * (0.5f + r * (1.66666672e-1f + r * (4.16666679e-2f +
+                    r * (8.33333377e-3f + r * 1.38888892e-3f)))));
+    const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+    float scale;
+    std::memcpy(&scale, &bits, sizeof scale);
+    return p * scale;
+}
+template <typename T> inline T sigmoid(T x) { return T(1) / (T(1) + vexp(-x)); }
+template <typename T> inline T vtanh(T x) { return T(2) / (T(1) + vexp(T(-2) * x)) - T(1); }
+
+// The k largest of m[0..V) as indices, in descending order of value (a min-heap of size k, then heap-sort).
+template <typename T> void topk_desc(const T* m, int64_t V, int64_t k, int64_t* idx, T* val) {
+    auto sift = [&](int64_t i, int64_t size) {
+        for (;;) {
+            int64_t l = 2 * i + 1, s = i;
+            if (l < size && val[l] < val[s]) s = l;
+            if (l + 1 < size && val[l + 1] < val[s]) s = l + 1;
+            if (s == i) return;
+            T tv = val[i]; val[i] = val[s]; val[s] = tv;
+            int64_t ti = idx[i]; idx[i] = idx[s]; idx[s] = ti;
+            i = s;
+        }
+    };
+    for (int64_t v = 0; v < k; ++v) { val[v] = m[v]; idx[v] = v; }
+    for (int64_t i = k / 2 - 1; i >= 0; --i) sift(i, k);
+    for (int64_t v = k; v < V; ++v) {
+        if (m[v] > val[0]) { val[0] = m[v]; idx[0] = v; sift(0, k); }
+    }
+    for (int64_t size = k - 1; size > 0; --size) {   // pop the minimum to the end: descending order
+        T tv = val[0]; val[0] = val[size]; val[size] = tv;
+        int64_t ti = idx[0]; idx[0] = idx[size]; idx[size] = ti;
+        sift(0, size);
+    }
+}
+
+// The kt largest of x[0..N) in descending order (insertion: kt is small), as ids id(k) and values. Strict `>`
+// keeps the earliest of equal values first, so ids[0] is the argmax as torch.argmax picks it.
+template <typename T, typename Id> void top_small(const T* x, int64_t N, int64_t kt, Id id, int64_t* ids, T* vals) {
+    int64_t cnt = 0;
+    for (int64_t k = 0; k < N; ++k) {
+        const T v = x[k];
+        if (cnt == kt && !(v > vals[kt - 1])) continue;
+        int64_t p = cnt < kt ? cnt++ : kt - 1;
+        for (; p > 0 && v > vals[p - 1]; --p) { vals[p] = vals[p - 1]; ids[p] = ids[p - 1]; }
+        vals[p] = v;
+        ids[p] = id(k);
+    }
+}
+
+// out[c] = sum_j s[j] W[j, c] for c < C, W [g, ld] row-major. Computed in blocks of 64 columns held in registers
+// over all j (each output still sums j in order). W = [W1_S ; W_hh]^T is larger than a core's L2 on small CPUs, so
+// every step streams it from L3: walking the blocks in the opposite direction on alternate steps starts each pass on
+// the blocks the previous one left in L2. C < ld computes only the leading columns (the last slot needs W1_S s, not
+// the next step's gates W_hh s).
+template <typename T> void vecmat(const T* __restrict__ s, const T* __restrict__ W, int64_t g, int64_t ld,
+                                  int64_t C, T* __restrict__ out, bool backwards) {
+    constexpr int64_t CB = 64;
+    const int64_t nb = (C + CB - 1) / CB;
+    for (int64_t t = 0; t < nb; ++t) {
+        const int64_t c0 = (backwards ? nb - 1 - t : t) * CB;
+        const T* w = W + c0;
+        if (c0 + CB <= C) {
+            T acc[CB] = {};
+            for (int64_t j = 0; j < g; ++j, w += ld) {
+                const T sj = s[j];
+                for (int64_t c = 0; c < CB; ++c) acc[c] += sj * w[c];
+            }
+            for (int64_t c = 0; c < CB; ++c) out[c0 + c] = acc[c];
+        } else {                                    // a last, partial block
+            const int64_t nc = C - c0;
+            for (int64_t c = 0; c < nc; ++c) out[c0 + c] = T(0);
+            for (int64_t j = 0; j < g; ++j, w += ld)
+                for (int64_t c = 0; c < nc; ++c) out[c0 + c] += s[j] * w[c];
+        }
+    }
+}
+
+// Returns 0, or 1 when an anchor id lies outside the table (nothing is read out of bounds).
+template <typename T>
+int64_t rollout(int64_t b, int64_t n, int64_t Vd, int64_t K, int64_t g, int64_t r, int64_t H, int64_t V, int64_t kt,
+                const T* base, const T* h, const T* w1_h, const T* table, const T* w_s, const T* w2,
+                const int64_t* vmap, const int64_t* anchor, int64_t* tokens, T* finals, int64_t* pool,
+                int64_t* top_ids, T* top_vals) {
+    for (int64_t bi = 0; bi < b; ++bi)
+        if (anchor[bi] < 0 || anchor[bi] >= V) return 1;
+    const int64_t C = r + 3 * g;
+    std::vector<T> scratch(Vd + K + g + C + r);   // per call: concurrent callers never share it
+    T* m = scratch.data();    // [Vd] per-token max over slots
+    T* heap = m + Vd;         // [K]
+    T* s = heap + K;          // [g] GRU state
+    T* proj = s + g;          // [C] s . [W1_S ; W_hh]^T
+    T* u = proj + C;          // [r]
+    const bool full = K == Vd;
+    for (int64_t bi = 0; bi < b; ++bi) {
+        const T* B = base + bi * n * Vd;
+        int64_t* P = pool + bi * K;
+        if (!full) {
+            for (int64_t v = 0; v < Vd; ++v) m[v] = B[v];
+            for (int64_t i = 1; i < n; ++i)
+                for (int64_t v = 0; v < Vd; ++v) m[v] = B[i * Vd + v] > m[v] ? B[i * Vd + v] : m[v];
+            topk_desc(m, Vd, K, P, heap);
+        }
+        auto col = [&](int64_t k) { return full ? k : P[k]; };          // pool column -> draft-vocab index
+        auto vid = [&](int64_t d) { return vmap ? vmap[d] : d; };       // draft-vocab index -> vocabulary id
+        // draft 0 is uncorrected: the argmax of the full base logits (its final top-k is the base top-k)
+        int64_t* TI = top_ids + bi * n * kt;
+        T* TV = top_vals + bi * n * kt;
+        top_small(B, Vd, kt, vid, TI, TV);
+        int64_t tok = TI[0];
+        tokens[bi * n] = tok;
+        T* F = finals + bi * n * K;
+        for (int64_t k = 0; k < K; ++k) F[k] = B[col(k)];
+        // the state that has consumed the anchor (zero previous state: the recurrent terms vanish)
+        const T* gi = table + anchor[bi] * 3 * g;
+#pragma omp simd
+        for (int64_t j = 0; j < g; ++j) {
+            const T nn = vtanh(gi[2 * g + j]);
+            s[j] = nn - sigmoid(gi[g + j]) * nn;
+        }
+        vecmat(s, w_s, g, C, n > 1 ? C : r, proj, false);
+        for (int64_t i = 1; i < n; ++i) {
+            gi = table + tok * 3 * g;                                   // feed the previous draft
+            const T* gh = proj + r;                                     // W_hh s, PyTorch gate order r, z, n
+#pragma omp simd
+            for (int64_t j = 0; j < g; ++j) {
+                const T rg = sigmoid(gi[j] + gh[j]);
+                const T zg = sigmoid(gi[g + j] + gh[g + j]);
+                const T nn = vtanh(gi[2 * g + j] + rg * gh[2 * g + j]);
+                s[j] = nn + zg * (s[j] - nn);
+            }
+            vecmat(s, w_s, g, C, i + 1 < n ? C : r, proj, i % 2 == 1);
+            const T* hi = h + (bi * n + i) * H;                         // u = SiLU(W1_H h_i + W1_S s)
+            for (int64_t j = 0; j < r; ++j) {
+                const T* w = w1_h + j * H;
+                T x = proj[j];
+#pragma omp simd reduction(+ : x)
+                for (int64_t c = 0; c < H; ++c) x += w[c] * hi[c];
+                u[j] = x * sigmoid(x);
+            }
+            const T* Bi = B + i * Vd;
+            T* Fi = F + i * K;
+            for (int64_t k = 0; k < K; ++k) {
+                const int64_t d = col(k);
+                const T* w = w2 + vid(d) * r;
+                T acc = T(0);
+#pragma omp simd reduction(+ : acc)
+                for (int64_t j = 0; j < r; ++j) acc += u[j] * w[j];
+                Fi[k] = Bi[d] + acc;
+            }
+            top_small(Fi, K, kt, [&](int64_t k) { return vid(col(k)); }, TI + i * kt, TV + i * kt);
+            tok = TI[i * kt];
+            tokens[bi * n + i] = tok;
+        }
+    }
+    return 0;
+}
+
+}  // namespace
+
+// The entry points head_kernel.py binds; all tensors contiguous: base [b, n, Vd], h [b, n, H], w1_h [r, H],
+// table [V, 3g], w_s [g, r + 3g], w2 [V, r], vmap [Vd] or null, anchor [b]; out: tokens [b, n], finals [b, n, K],
+// pool [b, K], top_ids / top_vals [b, n, kt] (vocabulary ids).
+#define DOMINO_ENTRY(NAME, T)                                                                                       \
+    int64_t NAME(int64_t b, int64_t n, int64_t Vd, int64_t K, int64_t g, int64_t r, int64_t H, int64_t V,         \
+                 int64_t kt, const T* base, const T* h, const T* w1_h, const T* table, const T* w_s, const T* w2, \
+                 const int64_t* vmap, const int64_t* anchor, int64_t* tokens, T* finals, int64_t* pool,          \
+                 int64_t* top_ids, T* top_vals) {                                                                 \
+        return rollout<T>(b, n, Vd, K, g, r, H, V, kt, base, h, w1_h, table, w_s, w2, vmap, anchor, tokens,       \
+                          finals, pool, top_ids, top_vals);                                                       \
+    }
+extern "C" {
+DOMINO_ENTRY(domino_rollout_f32, float)
+DOMINO_ENTRY(domino_rollout_f64, double)
+}
