@@ -73,18 +73,20 @@ def build() -> Path:
         except OSError:       # unwritable cache: build into a private temp dir for this process
             out, tmp = None, Path(tempfile.mkdtemp(prefix="domino-kernel-"))
         so = tmp / "head_kernel.so"
+        built = False
         try:
             res = subprocess.run([cxx, *flags, *COMMON, str(SOURCE), "-o", str(so)], capture_output=True,
                                  text=True, timeout=300)
             if res.returncode != 0:
                 errors.append(res.stderr.strip().splitlines()[-1] if res.stderr.strip() else f"rc {res.returncode}")
                 continue
+            built = True
             if out is None:
                 return so
             os.replace(so, out)
             return out
         finally:
-            if out is not None:
+            if out is not None or not built:     # a private build stays: this process loads it
                 shutil.rmtree(tmp, ignore_errors=True)
     raise RuntimeError(f"{cxx} could not build {SOURCE.name}: {'; '.join(errors)}")
 
