@@ -43,7 +43,7 @@ COPY pyproject.toml README.md ./
 COPY domino_lab ./domino_lab
 RUN pip install --no-cache-dir -e . "psycopg[binary]>=3.2" "optuna-dashboard>=0.21,<0.22"
 
-# recipes, sweeps, the dashboard and the compose helpers (healthcheck, sweep preparation, postgres init)
+# recipes, sweeps, the dashboard and the compose helpers (healthcheck, postgres init)
 COPY . .
 
 # runs/ (regenerated data, sweeps, checkpoints) and the caches are volumes in docker-compose.yml

@@ -27,11 +27,10 @@ class Entry:
 
 
 def _is_drafter_dir(d: Path) -> bool:
-    try:
-        cfg = json.loads((d / "config.json").read_text())
-    except (OSError, ValueError):
-        return False
-    return isinstance(cfg, dict) and cfg.get("method") in ("dflash", "domino") and (d / "model.safetensors").is_file()
+    """A checkpoint of any registered drafter family."""
+    from domino_lab.models.drafter import family_of
+
+    return (d / "model.safetensors").is_file() and family_of(str(d)) is not None
 
 
 def _is_model_dir(d: Path) -> bool:
@@ -110,24 +109,17 @@ class Catalog:
     def target_choices(self) -> list[tuple[str, str]]:
         return [(e.label, e.value) for e in self.targets.values()]
 
-    def drafter_choices(self, methods: tuple[str, ...] | None = None) -> list[tuple[str, str]]:
-        out = []
-        for e in self.drafters.values():
-            if methods is not None and self.method_of(e.value) not in methods:
-                continue
-            out.append((e.label, e.value))
-        return out
+    def drafter_choices(self, head: bool | None = None) -> list[tuple[str, str]]:
+        """All drafters, or only those with (head=True) / without (head=False) a Domino-style head."""
+        return [(e.label, e.value) for e in self.drafters.values() if head is None or self.has_head(e.value) == head]
 
-    def method_of(self, value: str) -> str | None:
+    def has_head(self, value: str) -> bool:
+        """Whether the drafter's family has a head that can be switched off (asked of the method registry)."""
+        from domino_lab.models.drafter import family_of
+
         e = self.drafters.get(value)
-        if e is None or e.spec is None:
-            return None
-        if e.spec in ("default", "default-dflash"):
-            return "domino" if e.spec == "default" else "dflash"
-        try:
-            return json.loads((Path(e.spec) / "config.json").read_text()).get("method")
-        except (OSError, ValueError):
-            return None
+        fam = family_of(e.spec) if e is not None and e.spec is not None else None
+        return bool(fam is not None and fam.has_head)
 
     # ---- loading (once) --------------------------------------------------------------------------
     def target(self, value: str):
@@ -162,11 +154,11 @@ class Catalog:
         with self._lock:
             if key not in self._drafters:
                 from domino_lab import speculative_generate
-                from domino_lab.models.drafter import load_drafter
+                from domino_lab.models import InferenceOptions, load_drafter
 
                 try:
                     # full-vocabulary correction: the inspector's corrected top-k and ΔL bounds must be exact
-                    d = load_drafter(entry.spec, target, candidate_pool=0)
+                    d = load_drafter(entry.spec, target, options=InferenceOptions(candidate_pool=0))
                 except UserError as e:
                     raise UserError(f"{e} (drafter {value!r}, target {target_value!r})") from None
                 d.eval()

@@ -1,7 +1,7 @@
 """Streaming decode for the dashboard: run the engine in a worker thread, receive each verify step through the
 engine's `on_step` hook, and render the domino chain, the live counters and the per-position acceptance.
 
-Everything shown is read from the engine's step records (DESIGN §3); nothing re-derives acceptance.
+Everything shown is read from the engine's step records (docs/design.md#step-record); nothing re-derives acceptance.
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from domino_lab.decoding import GenerationResult, StepRecord, speculative_generate
 from domino_lab.errors import UserError
-from domino_lab.evaluate import count_acceptance
+from domino_lab.decoding.metrics import StepTally
 
 TOPK_STORED = 32          # top-k kept per position by the engine (the inspector shows the first few)
 MAX_NEW_TOKENS = 512
@@ -106,7 +106,7 @@ def stream(catalog, req: Request, min_interval: float = 0.05, measure_plain: boo
     if drafter is None:
         snap.head = "plain"
     else:
-        snap.head = ("on" if req.head_on else "off") if drafter.head is not None else "n/a"
+        snap.head = ("on" if req.head_on else "off") if drafter.has_head else "n/a"
         cfg = drafter.config
         snap.n_drafts = min(cfg.num_drafts, req.block_size if cfg.shift_label else req.block_size - 1)
     if measure_plain:
@@ -157,7 +157,7 @@ def stream(catalog, req: Request, min_interval: float = 0.05, measure_plain: boo
 def counters(snap: Snapshot) -> dict:
     ids = snap.token_ids
     n_steps = len(snap.steps)
-    tau = sum(s.acceptance_length for s in snap.steps) / n_steps if n_steps else None
+    tau = StepTally().add(snap.steps).tau
     tps = (snap.result.tokens_per_s if snap.done else (len(ids) / snap.elapsed if snap.elapsed > 0 else None))
     out = {"status": "done" if snap.done else "decoding", "tokens": len(ids), "steps": n_steps,
            "tau": tau, "target_calls": (snap.result.target_forward_calls if snap.done else 1 + n_steps),
@@ -173,12 +173,10 @@ def counters(snap: Snapshot) -> dict:
 
 
 def acceptance(snap: Snapshot) -> list[dict]:
-    """Per draft position: P(accepted | reached), counted by domino_lab.evaluate.count_acceptance."""
-    n = max([len(s.draft_tokens) for s in snap.steps] + [0])
-    reached, accepted = [0] * n, [0] * n
-    count_acceptance(snap.steps, reached, accepted)
-    return [{"position": f"d{i + 1}", "acceptance": a / r, "reached": r}
-            for i, (a, r) in enumerate(zip(accepted, reached)) if r]
+    """Per draft position: P(accepted | reached), counted by domino_lab.decoding.metrics.StepTally."""
+    t = StepTally().add(snap.steps)
+    return [{"position": f"d{i + 1}", "acceptance": a, "reached": r}
+            for i, (a, r) in enumerate(zip(t.accept_pos, t.reached)) if r]
 
 
 def acceptance_frame(rows: list[dict]):

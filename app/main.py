@@ -20,7 +20,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m app", description=__doc__.splitlines()[0])
     p.add_argument("--host", default="127.0.0.1", help="interface to bind (default 127.0.0.1; 0.0.0.0 in docker)")
     p.add_argument("--port", type=int, default=7860)
-    p.add_argument("--runs-dir", default="runs", help="where to look for drafter checkpoints and local targets")
+    p.add_argument("--runs-dir", default=None, help="where to look for drafter checkpoints and local targets "
+                                                     "(default: the repository's runs folder)")
     p.add_argument("--tracking-uri", default=None,
                    help="MLflow store for the Runs view and sweep drafters (default sqlite:///<runs-dir>/mlflow.db)")
     p.add_argument("--target", action="append", default=[], metavar="SPEC",
@@ -44,8 +45,11 @@ def make_demo(args: argparse.Namespace):
     from app.ui import build_demo
 
     torch.set_num_threads(max(1, args.threads))
-    uri = args.tracking_uri or f"sqlite:///{Path(args.runs_dir) / 'mlflow.db'}"
-    catalog = Catalog(runs_dir=args.runs_dir, tracking_uri=uri, extra_targets=args.target,
+    from domino_lab.config import default_runs_dir
+
+    runs_dir = Path(args.runs_dir) if args.runs_dir else default_runs_dir()
+    uri = args.tracking_uri or f"sqlite:///{runs_dir / 'mlflow.db'}"
+    catalog = Catalog(runs_dir=runs_dir, tracking_uri=uri, extra_targets=args.target,
                       extra_drafters=args.drafter, dtype=args.dtype)
     demo = build_demo(catalog)
     demo.queue(default_concurrency_limit=max(1, args.concurrency), max_size=args.max_queue)

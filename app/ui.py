@@ -66,9 +66,9 @@ def _html(css: str = "", **kw) -> gr.HTML:
     return gr.HTML(css_template=css, js_on_load=None, **kw)
 
 
-def _settings(catalog: Catalog, drafter_methods=None, drafter_label="drafter"):
+def _settings(catalog: Catalog, head: bool | None = None, drafter_label="drafter"):
     target = gr.Dropdown(catalog.target_choices(), value="default", label="target")
-    drafters = catalog.drafter_choices(drafter_methods)
+    drafters = catalog.drafter_choices(head)
     default = "default" if any(v == "default" for _, v in drafters) else (drafters[0][1] if drafters else None)
     drafter = gr.Dropdown(drafters, value=default, label=drafter_label)
     return target, drafter
@@ -133,9 +133,9 @@ def build_demo(catalog: Catalog, examples: list[dict] | None = None, stream_inte
                             gr.Examples([[e["prompt"]] for e in examples], inputs=[c_prompt],
                                         example_labels=[e["id"] for e in examples], label="eval-set prompts")
                     with gr.Column(scale=2):
-                        c_target, c_drafter = _settings(catalog, ("domino",), "Domino drafter (right: head on)")
+                        c_target, c_drafter = _settings(catalog, True, "Domino drafter (right: head on)")
                         c_left = gr.Dropdown([("the same drafter with its head off", HEAD_OFF)] +
-                                             catalog.drafter_choices(("dflash",)), value=HEAD_OFF,
+                                             catalog.drafter_choices(head=False), value=HEAD_OFF,
                                              label="DFlash side (left)")
                         c_block, c_temp, c_max, c_seed = _knobs()
                         c_go = gr.Button("Compare", variant="primary")
@@ -205,7 +205,7 @@ def build_demo(catalog: Catalog, examples: list[dict] | None = None, stream_inte
             return html_, info, step, pos
 
         def on_drafter(value):
-            return gr.update(interactive=catalog.method_of(value) == "domino")
+            return gr.update(interactive=catalog.has_head(value))
 
         ev = go.click(decode, [prompt, target, drafter, head, block, temp, max_tokens, seed],
                       [chain, counters_box, text, rec_json, bars, state, insp, insp_json, step_n, pos_n],
@@ -220,7 +220,7 @@ def build_demo(catalog: Catalog, examples: list[dict] | None = None, stream_inte
                 right = Request(prompt, target, drafter, True, block, temp, max_tokens, seed).checked()
                 left_req = Request(prompt, target, drafter if left == HEAD_OFF else left, left != HEAD_OFF,
                                    block, temp, max_tokens, seed).checked()
-                if catalog.method_of(right.drafter) != "domino":
+                if not catalog.has_head(right.drafter):
                     raise UserError("the right side needs a Domino drafter (one with a head)")
                 texts = Texts(catalog.target(target))
                 for r in (left_req, right):
@@ -253,9 +253,9 @@ def build_demo(catalog: Catalog, examples: list[dict] | None = None, stream_inte
             catalog.refresh()
             out = show_runs(selected)
             dd = gr.update(choices=catalog.drafter_choices())
-            dom = gr.update(choices=catalog.drafter_choices(("domino",)))
+            dom = gr.update(choices=catalog.drafter_choices(head=True))
             left = gr.update(choices=[("the same drafter with its head off", HEAD_OFF)] +
-                             catalog.drafter_choices(("dflash",)))
+                             catalog.drafter_choices(head=False))
             tg = gr.update(choices=catalog.target_choices())
             return (*out, dd, dom, left, tg, tg)
 

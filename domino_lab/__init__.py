@@ -10,9 +10,10 @@ import os
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 __version__ = "0.1.0"
-__all__ = ["Target", "Drafter", "DrafterConfig", "speculative_generate", "StepRecord", "GenerationResult"]
+__all__ = ["Target", "Drafter", "DrafterConfig", "InferenceOptions", "speculative_generate", "StepRecord",
+           "GenerationResult"]
 
-_LAZY = {"Target": ".target", "Drafter": ".models", "DrafterConfig": ".models",
+_LAZY = {"Target": ".target", "Drafter": ".models", "DrafterConfig": ".models", "InferenceOptions": ".models",
          "speculative_generate": ".decoding", "StepRecord": ".decoding", "GenerationResult": ".decoding"}
 
 

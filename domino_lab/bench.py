@@ -15,7 +15,7 @@ import json
 import platform
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import UserError, run_cli, atomic_path
@@ -33,11 +33,7 @@ class Run:
     tokens: list[int]
     wall_s: float
     target_calls: int                      # verify forwards (prefill excluded)
-    accept_lengths: list[int] = field(default_factory=list)     # per step (our engine only)
-    reached: list[int] = field(default_factory=list)            # per draft position
-    accepted: list[int] = field(default_factory=list)
-    draft_s: float = 0.0
-    verify_s: float = 0.0
+    tally: StepTally | None = None         # the step records' counts (our engine only)
 
 
 class Bench:
@@ -54,16 +50,13 @@ class Bench:
 
     def run(self, method: str, ids: list[int]) -> Run:
         from .decoding import speculative_generate
-        from .evaluate import count_acceptance
+        from .decoding.metrics import StepTally
 
         if method in OURS:
             res = speculative_generate(self.target, self.drafters.get(method), prompt_ids=ids,
                                        max_new_tokens=self.max_new)
             n = self.drafters[method].config.num_drafts if method in self.drafters else 0
-            reached, accepted = [0] * n, [0] * n
-            count_acceptance(res.steps, reached, accepted)
-            return Run(res.token_ids, res.wall_time_s, len(res.steps), res.acceptance_lengths, reached, accepted,
-                       sum(s.draft_time_s for s in res.steps), sum(s.verify_time_s for s in res.steps))
+            return Run(res.token_ids, res.wall_time_s, len(res.steps), StepTally(n).add(res.steps))
         return self._hf(method, ids)
 
     def _hf(self, method: str, ids: list[int]) -> Run:
@@ -96,21 +89,20 @@ def summarize(runs: list[Run], ref: list[Run] | None) -> dict:
     tokens = sum(len(r.tokens) for r in runs)
     wall = sum(r.wall_s for r in runs)
     calls = sum(r.target_calls for r in runs)
-    lengths = [a for r in runs for a in r.accept_lengths]
+    from .decoding.metrics import StepTally
+
+    tally = StepTally()
+    for r in runs:
+        if r.tally is not None:
+            tally.merge(r.tally)
     # τ: tokens per verify forward; the prefill's token is not a step (same convention as the engine)
-    tau = (sum(lengths) / len(lengths)) if lengths else ((tokens - len(runs)) / calls if calls else None)
+    tau = tally.tau if tally.steps else ((tokens - len(runs)) / calls if calls else None)
     out = {"prompts": len(runs), "tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall if wall else 0.0,
            "tau": tau, "target_calls": calls}
-    if lengths:
-        hist: dict[int, int] = {}
-        for a in lengths:
-            hist[a] = hist.get(a, 0) + 1
-        reached = [sum(x) for x in zip(*(r.reached for r in runs))] if runs[0].reached else []
-        accepted = [sum(x) for x in zip(*(r.accepted for r in runs))] if runs[0].accepted else []
-        out |= {"tau_hist": dict(sorted(hist.items())),
-                "accept_pos": [a / n if n else None for a, n in zip(accepted, reached)],
-                "draft_ms": 1000 * sum(r.draft_s for r in runs) / len(lengths),
-                "verify_ms": 1000 * sum(r.verify_s for r in runs) / len(lengths)}
+    if tally.steps:
+        t = tally.summary()
+        out |= {"tau_hist": t["tau_hist"], "accept_pos": t["accept_pos"], "draft_ms": t["draft_ms"],
+                "verify_ms": t["verify_ms"]}
     if ref is not None:
         bad = [i for i, (r, a) in enumerate(zip(runs, ref)) if r.tokens != a.tokens]
         out["lossless"] = {"equal": len(runs) - len(bad), "total": len(runs), "mismatch_prompts": bad}
@@ -242,15 +234,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--domino", default="default", help="drafter for `domino` (checkpoint dir or shipped name)")
     p.add_argument("--dflash", default="default-dflash", help="drafter for `dflash`")
     p.add_argument("--assistant", default="default-assistant", help="assistant model for `hf-assisted`")
-    from .models.drafter import add_head_args
-    add_head_args(p)
+    from .models.options import add_inference_args
+    add_inference_args(p)
     p.add_argument("--prompt-lookup-tokens", type=int, default=10)
     p.add_argument("--limit", type=int, default=None, help="first N prompts of every set")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--warmup", type=int, default=2, help="prompts decoded by every method before timing")
     p.add_argument("--dtype", default="float32")
     p.add_argument("--threads", type=int, default=None)
-    p.add_argument("--out", default="runs/bench", help="folder for bench.json, bench.md and the plots")
+    p.add_argument("--out", default=None, help="folder for bench.json, bench.md and the plots (default: the "
+                                                "repository's runs/bench)")
     p.add_argument("--mlflow", action="store_true", help="also log bench/{set}/{method}/... to MLflow")
     p.add_argument("--tracking-uri", default=None)
     p.add_argument("--batch-sizes", nargs="*", type=int, default=[],
@@ -265,7 +258,7 @@ def load_assistant(spec: str, target, dtype):
     path = Path(__file__).parent / "assets" / "assistant" if spec == "default-assistant" else Path(spec)
     if not (Path(path) / "config.json").exists():
         raise UserError(f"assistant '{spec}' is not a model directory; train one with "
-                        "`python -m domino_lab.pretrain_target --config experiments/configs/assistant.yaml` "
+                        "`python -m domino_lab.pretrain --config experiments/configs/assistant.yaml` "
                         "or drop hf-assisted from --methods")
     m = AutoModelForCausalLM.from_pretrained(str(path), dtype=target.dtype).to(target.device).eval()
     if m.get_output_embeddings().weight.shape[0] != target.vocab_size:
@@ -292,16 +285,19 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    from .models import load_drafter
+    from dataclasses import asdict, replace
+
+    from .models import InferenceOptions, load_drafter
     from .target import Target
 
+    options = InferenceOptions.from_args(args)
     target = Target.from_pretrained(args.target, dtype=args.dtype)
-    drafters = {m: load_drafter(getattr(args, m), target) for m in ("dflash", "domino") if m in args.methods}
-    if "domino" in drafters:
-        drafters["domino"].set_head(args.head_impl, args.candidate_pool)
+    drafters = {m: load_drafter(getattr(args, m), target, options=options) for m in ("dflash", "domino")
+                if m in args.methods}
     for m, (impl, pool) in HEAD_VARIANTS.items():
         if m in args.methods:
-            drafters[m] = load_drafter(args.domino, target, head_impl=impl, candidate_pool=pool)
+            variant = replace(options, head_impl=impl, candidate_pool=options.candidate_pool if pool is None else pool)
+            drafters[m] = load_drafter(args.domino, target, options=variant)
     assistant = load_assistant(args.assistant, target, args.dtype) if "hf-assisted" in args.methods else None
     methods = [m for m in METHODS if m in args.methods]
     if "ar" not in methods:
@@ -315,10 +311,11 @@ def main(argv: list[str] | None = None) -> int:
                        f"threads, torch {torch.__version__}", "date": time.strftime("%Y-%m-%d %H:%M"),
             "target": args.target, "drafters": {m: args.domino if m in HEAD_VARIANTS else getattr(args, m)
                                                 for m in drafters},
-            "domino_head": {k: getattr(drafters["domino"].config, k) for k in ("head_impl", "candidate_pool")}
-            if "domino" in drafters else None,
+            "domino_head": asdict(drafters["domino"].options) if "domino" in drafters else None,
             "max_new_tokens": args.max_new_tokens, "wall_s": round(time.time() - started, 1)}
-    out = Path(args.out)
+    from .config import default_runs_dir
+
+    out = Path(args.out) if args.out else default_runs_dir() / "bench"
     out.mkdir(parents=True, exist_ok=True)
     md = table(results)
     with atomic_path(out / "bench.json") as t:

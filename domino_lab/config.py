@@ -1,6 +1,17 @@
 """Typed configs from YAML: nested dataclasses, unknown keys and wrong types are errors that name the key.
 
 `load_config(TrainConfig, "experiments/configs/domino.yaml", ["loss.gamma=5", "max_steps=200"])`
+
+This is the one reader of config files (recipes, sweeps, experiment specs, pretraining recipes), so every
+command finds them, and the paths inside them, the same way wherever it runs:
+
+- a config file named by a relative path is read from the current directory when it is there, otherwise from the
+  repository (the folder that holds the `domino_lab` package), so `experiments/configs/domino.yaml` works from
+  any directory;
+- fields declared with `path_field` are paths: one that starts with `runs/` lives under the command's runs folder
+  (`--runs-dir`, default `<repository>/runs`), another relative one is taken from the current directory when it
+  exists there, else from the repository when it names something of it (`domino_lab/assets/target`), else as
+  given. Absolute paths and names such as `default` are kept.
 """
 from __future__ import annotations
 
@@ -15,6 +26,64 @@ import yaml
 from .errors import UserError
 
 T = TypeVar("T")
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+# A source checkout (or an editable install) keeps recipes, sweeps and specs next to the package; a wheel
+# installed elsewhere has none, and then the current directory stands in for the repository.
+REPO_ROOT = PACKAGE_DIR.parent if (PACKAGE_DIR.parent / "experiments").is_dir() else None
+RUNS_PREFIX = "runs"
+
+
+def repo_root() -> Path:
+    return REPO_ROOT if REPO_ROOT is not None else Path.cwd()
+
+
+def default_runs_dir() -> Path:
+    """Where commands write when not given --runs-dir: <repository>/runs."""
+    return repo_root() / RUNS_PREFIX
+
+
+def path_field(default: str | None = None, **kw):
+    """A dataclass field holding a path, resolved by `load_config` (see the module docstring)."""
+    return dataclasses.field(default=default, metadata={"path": True}, **kw)
+
+
+def find_file(path: str | Path) -> Path:
+    """A file the user or a config names: as given if absolute or present under the current directory, else the
+    repository's file of that name if there is one, else as given (so an error names what was asked for)."""
+    p = Path(path).expanduser()
+    if p.is_absolute() or p.exists():
+        return p
+    in_repo = repo_root() / p
+    return in_repo if in_repo.exists() else p
+
+
+def resolve_path(value: str | None, runs_dir: str | Path | None = None) -> str | None:
+    """A config path made independent of the current directory (see the module docstring)."""
+    if not value:
+        return value
+    p = Path(value).expanduser()
+    if p.is_absolute():
+        return str(p)
+    if p.parts[0] == RUNS_PREFIX:
+        root = Path(runs_dir).expanduser().resolve() if runs_dir is not None else default_runs_dir()
+        return str(root.joinpath(*p.parts[1:]))
+    if p.exists():
+        return str(p.resolve())
+    if (repo_root() / p.parts[0]).exists():
+        return str(repo_root() / p)
+    return value
+
+
+def resolve_paths(cfg, runs_dir: str | Path | None = None):
+    """Resolve every `path_field` of a (nested) dataclass config in place; returns it."""
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            resolve_paths(value, runs_dir)
+        elif f.metadata.get("path") and isinstance(value, str):
+            setattr(cfg, f.name, resolve_path(value, runs_dir))
+    return cfg
 
 
 def _check(value: Any, tp: Any, key: str) -> Any:
@@ -62,13 +131,19 @@ def _check(value: Any, tp: Any, key: str) -> Any:
     return value
 
 
-def from_dict(cls: type[T], data: dict, prefix: str = "") -> T:
+def from_dict(cls: type[T], data: dict, prefix: str = "", what: str = "config key") -> T:
+    if not isinstance(data, dict):
+        raise UserError(f"{prefix.rstrip('.') or 'config'}: expected a mapping, got {type(data).__name__}")
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - names)
     if unknown:
-        raise UserError(f"unknown config key '{prefix}{unknown[0]}'; known keys here: {sorted(names)}")
+        raise UserError(f"unknown {what} '{prefix}{unknown[0]}'; known keys here: {sorted(names)}")
     kwargs = {k: _check(v, hints[k], prefix + k) for k, v in data.items()}
+    missing = sorted(f.name for f in dataclasses.fields(cls) if f.name not in kwargs and f.init
+                     and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
+    if missing:
+        raise UserError(f"missing {what} '{prefix}{missing[0]}'")
     return cls(**kwargs)
 
 
@@ -86,20 +161,34 @@ def apply_override(data: dict, assignment: str) -> None:
     node[parts[-1]] = yaml.safe_load(raw)
 
 
-def load_config(cls: type[T], path: str | Path | None = None, overrides: list[str] | None = None) -> T:
-    data: dict = {}
-    if path is not None:
-        try:
-            data = yaml.safe_load(Path(path).read_text()) or {}
-        except OSError as e:
-            raise UserError(f"cannot read config {path}: {e.strerror}") from None
-        except yaml.YAMLError as e:
-            raise UserError(f"config {path} is not valid YAML: {str(e).splitlines()[0]}") from None
-        if not isinstance(data, dict):
-            raise UserError(f"config {path} must be a mapping of keys to values")
+def read_yaml(path: str | Path) -> dict:
+    """The mapping a YAML config file holds (found with `find_file`); every config file is read here."""
+    found = find_file(path)
+    try:
+        data = yaml.safe_load(found.read_text()) or {}
+    except FileNotFoundError:
+        raise UserError(f"cannot read config {path}: file not found") from None
+    except OSError as e:
+        raise UserError(f"cannot read config {path}: {e.strerror}") from None
+    except yaml.YAMLError as e:
+        raise UserError(f"config {path} is not valid YAML: {str(e).splitlines()[0]}") from None
+    if not isinstance(data, dict):
+        raise UserError(f"config {path} must be a mapping of keys to values")
+    return data
+
+
+def load_config(cls: type[T], path: str | Path | None = None, overrides: list[str] | None = None,
+                runs_dir: str | Path | None = None) -> T:
+    """`cls` from the YAML file `path` (None: the defaults) and `key=value` overrides, its path fields resolved
+    (`runs/...` under `runs_dir`; without it, under the config's own `runs_dir` field when it has one set, else
+    under <repository>/runs)."""
+    data: dict = read_yaml(path) if path is not None else {}
     for o in overrides or []:
         apply_override(data, o)
-    return from_dict(cls, data)
+    cfg = from_dict(cls, data)
+    if runs_dir is None:
+        runs_dir = getattr(cfg, "runs_dir", None)
+    return resolve_paths(cfg, runs_dir)
 
 
 def to_dict(cfg) -> dict:

@@ -34,7 +34,7 @@ def run_cli(main: Callable[[list[str] | None], int | None], argv: list[str] | No
 def atomic_path(final: str | os.PathLike, suffix: str = "") -> Iterator[Path]:
     """Yield a temporary path next to `final`; rename it into place only if the block succeeds.
 
-    Nothing half-written is ever left at `final` (DESIGN §6).
+    Nothing half-written is ever left at `final` (docs/design.md#contracts).
     """
     final = Path(final)
     try:

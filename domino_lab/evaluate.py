@@ -1,8 +1,8 @@
 """τ of a drafter over an eval set, per prompt, and paired comparisons between drafters.
 
-τ is read from the engine's step records (never recomputed): per prompt, committed tokens / verify steps;
-per set, the same ratio over all steps (each step weighs the same). Per-position acceptance is conditional:
-accepted at position i / steps that reached position i (all earlier drafts accepted).
+τ is read from the engine's step records and counted by decoding.metrics.StepTally: per prompt, committed
+tokens / verify steps; per set, the same ratio over all steps (each step weighs the same). Per-position
+acceptance is conditional: accepted at position i / steps that reached position i.
 """
 from __future__ import annotations
 
@@ -10,14 +10,7 @@ import math
 import statistics
 
 from .decoding import speculative_generate
-
-
-def count_acceptance(steps, reached: list[int], accepted: list[int]) -> None:
-    """Per draft position: how often a step reached it (all earlier drafts accepted) and accepted it."""
-    for s in steps:
-        for i in range(min(len(s.draft_tokens), s.accepted + 1)):
-            reached[i] += 1
-            accepted[i] += int(i < s.accepted)
+from .decoding.metrics import StepTally
 
 
 def evaluate(target, drafter, prompts: list[dict], max_new_tokens: int = 128, temperature: float = 0.0,
@@ -25,25 +18,17 @@ def evaluate(target, drafter, prompts: list[dict], max_new_tokens: int = 128, te
     """τ and timings over `prompts`; `keep_ids` adds each prompt's generated token ids (lossless checks)."""
     from tqdm.auto import tqdm
 
-    rows, committed, steps, draft_s, verify_s = [], 0, 0, 0.0, 0.0
-    n = drafter.config.num_drafts if drafter is not None else 0
-    reached, accepted = [0] * n, [0] * n
+    rows = []
+    tally = StepTally(drafter.config.num_drafts if drafter is not None else 0)
     for p in tqdm(prompts, disable=not progress, desc="decode"):
         res = speculative_generate(target, drafter, prompt=p["prompt"], max_new_tokens=max_new_tokens,
                                    temperature=temperature, seed=seed)
-        count_acceptance(res.steps, reached, accepted)
-        for s in res.steps:
-            draft_s += s.draft_time_s
-            verify_s += s.verify_time_s
-        c = sum(res.acceptance_lengths)
-        committed += c
-        steps += len(res.steps)
+        tally.add(res.steps)
         rows.append({"id": p["id"], "tau": res.mean_acceptance_length, "steps": len(res.steps),
                      "tokens": len(res.token_ids), "wall_s": res.wall_time_s,
                      **({"token_ids": res.token_ids} if keep_ids else {})})
-    return {"tau": committed / max(1, steps), "per_prompt": rows,
-            "accept_pos": [a / r if r else None for a, r in zip(accepted, reached)],
-            "draft_ms": 1000 * draft_s / max(1, steps), "verify_ms": 1000 * verify_s / max(1, steps)}
+    return {"tau": tally.tau or 0.0, "per_prompt": rows, "accept_pos": tally.accept_pos,
+            "draft_ms": tally.draft_ms or 0.0, "verify_ms": tally.verify_ms or 0.0}
 
 
 def paired(a: dict, b: dict) -> dict:

@@ -1,6 +1,6 @@
 """`python -m domino_lab.generate`: speculative (or plain) decoding from the command line.
 
-Prints the text, or with --json one JSON object per prompt (DESIGN §6 contract).
+Prints the text, or with --json one JSON object per prompt (docs/design.md#contracts).
 """
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--target", default="default", help="HF model id, local model dir, or 'default' (embedded)")
     p.add_argument("--drafter", default="default",
                    help="checkpoint dir, shipped name (default, default-dflash), 'none' (plain decoding), "
-                        "or untrained:dflash / untrained:domino / untrained:eagle")
+                        "or untrained:METHOD[:key=value,...] (e.g. untrained:domino, untrained:eagle, "
+                        "untrained:dflash:block_size=16)")
     p.add_argument("--dtype", default="float32", help="float32 (CPU default), bfloat16, float64")
     p.add_argument("--device", default="cpu")
     src = p.add_mutually_exclusive_group(required=True)
@@ -26,10 +27,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--block-size", type=int, default=None, help="cap the block (drafts per step)")
     p.add_argument("--seed", type=int, default=0)
-    from .models.drafter import add_head_args
-    add_head_args(p)
+    from .models.options import add_inference_args
+    add_inference_args(p, block_size=True)
     p.add_argument("--steps", action="store_true", help="include per-step records in the JSON")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
     return p
@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from . import Target, speculative_generate
-    from .models import load_drafter
+    from .models import InferenceOptions, load_drafter
 
     torch.manual_seed(args.seed)
     from .data.eval_sets import load_eval_set
@@ -48,15 +48,12 @@ def main(argv: list[str] | None = None) -> int:
     prompts = load_eval_set(args.prompts) if args.prompts else [{"id": None, "prompt": args.prompt}]
     if any(not r["prompt"].strip() for r in prompts):
         raise UserError("the prompt is empty; give some text to continue")
-    if args.block_size is not None and args.block_size < 1:
-        raise UserError("--block-size must be >= 1")
+    options = InferenceOptions.from_args(args)
     target = Target.from_pretrained(args.target, dtype=args.dtype, device=args.device)
-    drafter = load_drafter(args.drafter, target, block_size=args.block_size, seed=args.seed,
-                           head_impl=args.head_impl, candidate_pool=args.candidate_pool)
+    drafter = load_drafter(args.drafter, target, seed=args.seed, options=options)
     for row in prompts:
         res = speculative_generate(target, drafter, prompt=row["prompt"], max_new_tokens=args.max_new_tokens,
-                                   temperature=args.temperature, top_p=args.top_p, block_size=args.block_size,
-                                   seed=args.seed)
+                                   temperature=args.temperature, top_p=args.top_p, seed=args.seed)
         if args.json:
             d = res.to_dict(steps=args.steps)
             if row["id"] is not None:

@@ -21,7 +21,7 @@ from .errors import UserError, atomic_path, run_cli
 
 class SpeculativeDecoder(pl.LightningModule):
     """Wraps a frozen target and drafter; `predict_step(batch)` decodes each prompt of the batch and returns
-    one record per prompt (the generate contract of DESIGN §6, with the per-step records)."""
+    one record per prompt (the generate contract of docs/design.md#contracts, with the per-step records)."""
 
     def __init__(self, target, drafter=None, max_new_tokens: int = 128, temperature: float = 0.0,
                  top_p: float = 1.0, block_size: int | None = None, seed: int = 0, steps: bool = True):
@@ -51,9 +51,10 @@ def _collate(rows: list[dict]) -> list[dict]:
 def predict(target, drafter, prompts, *, max_new_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0,
             block_size: int | None = None, seed: int = 0, batch_size: int = 1, accelerator: str = "auto",
             devices="auto", strategy: str = "auto", precision: str | None = None, dtype: str | None = None,
-            steps: bool = True, head_impl: str | None = None, candidate_pool: int | None = None) -> list[dict]:
+            steps: bool = True, options=None) -> list[dict]:
     """Decode an eval set (name, JSONL path or list of {id, prompt}) with `Trainer.predict`; returns this
-    process's rows (all rows on a single device; each rank's share under data parallelism)."""
+    process's rows (all rows on a single device; each rank's share under data parallelism). `options`: the
+    InferenceOptions a drafter given by name runs with."""
     from .data.eval_sets import load_eval_set
     from .models import load_drafter
     from .target import Target
@@ -64,7 +65,7 @@ def predict(target, drafter, prompts, *, max_new_tokens: int = 128, temperature:
     if isinstance(target, str):
         target = Target.from_pretrained(target, dtype=dtype)
     if isinstance(drafter, str):
-        drafter = load_drafter(drafter, target, head_impl=head_impl, candidate_pool=candidate_pool)
+        drafter = load_drafter(drafter, target, options=options)
     module = SpeculativeDecoder(target, drafter, max_new_tokens, temperature, top_p, block_size, seed, steps)
     trainer = pl.Trainer(accelerator=accelerator, devices=devices, strategy=strategy,
                          precision=precision or "32-true", logger=False, enable_checkpointing=False,
@@ -90,10 +91,11 @@ def main(argv=None) -> int:
     p.add_argument("--precision", default=None, help="e.g. bf16-mixed on GPU (default 32-true)")
     p.add_argument("--dtype", default=None)
     p.add_argument("--limit", type=int, default=None)
-    from .models.drafter import add_head_args
-    add_head_args(p)
+    from .models.options import add_inference_args
+    add_inference_args(p, block_size=True)
     args = p.parse_args(argv)
     from .data.eval_sets import load_eval_set
+    from .models import InferenceOptions
 
     if args.max_new_tokens < 1:
         raise UserError("--max-new-tokens must be at least 1")
@@ -102,7 +104,7 @@ def main(argv=None) -> int:
     out = predict(args.target, args.drafter, rows, max_new_tokens=args.max_new_tokens,
                   temperature=args.temperature, batch_size=args.batch_size, accelerator=args.accelerator,
                   devices=devices, strategy=args.strategy, precision=args.precision, dtype=args.dtype,
-                  head_impl=args.head_impl, candidate_pool=args.candidate_pool)
+                  options=InferenceOptions.from_args(args))
     path = Path(args.out)
     rank = out[0]["rank"] if out else 0
     if rank:

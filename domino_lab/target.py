@@ -3,7 +3,7 @@
 A drafter reads three things from its target: the frozen token embedding (block inputs, GRU inputs),
 the frozen LM head (base logits) and the hidden states of a few tapped layers (context features).
 `hidden_states[j + 1]` is the output of decoder layer j; the last entry of `output_hidden_states` is
-after the final norm in HF, so we never treat it as a raw layer output (DESIGN §8).
+after the final norm in HF, so we never treat it as a raw layer output (docs/design.md#backbone).
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from torch import nn
 from .errors import UserError
 
 ASSETS = Path(__file__).resolve().parent / "assets"
-# Names of things the project ships; `default` is the embedded target (issue 3).
+# Names of things the project ships; `default` is the embedded target (docs/design.md#embedded-default).
 SHIPPED_TARGETS = {"default": ASSETS / "target"}
 MASK_TOKEN = "<|mask|>"
 
@@ -79,7 +79,7 @@ class Target:
             path = SHIPPED_TARGETS[name_or_path]
             if not (path / "config.json").exists():
                 raise UserError(f"the embedded target '{name_or_path}' is not in this install ({path}); "
-                                "train it with `python -m domino_lab.pretrain_target`")
+                                "train it with `python -m domino_lab.pretrain`")
             source = str(path)
         else:
             source = name_or_path

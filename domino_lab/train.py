@@ -38,18 +38,6 @@ def resolve_config(argv):
     return load_config(TrainConfig, args.config, overrides), args.resume
 
 
-def build_drafter_config(cfg, target):
-    from .models import DrafterConfig
-    from .target import default_tap_layers
-
-    d = cfg.drafter
-    taps = d.target_layer_ids or default_tap_layers(target.num_layers, d.num_taps)
-    extra = {"intermediate_size": d.intermediate_size} if d.intermediate_size else {}
-    return DrafterConfig.for_target(target, d.method, num_layers=d.num_layers, block_size=d.block_size,
-                                    gru_hidden=d.gru_hidden, rank=d.rank, shift_label=d.shift_label,
-                                    target_layer_ids=taps, frspec_k=d.frspec_k, **extra)
-
-
 def latest_checkpoint(ckpt_dir: Path) -> Path | None:
     """The newest of last.ckpt (periodic) and on_exception.ckpt (written when the run was killed)."""
     cands = [p for p in (ckpt_dir / "last.ckpt", ckpt_dir / "on_exception.ckpt") if p.exists()]
@@ -59,7 +47,7 @@ def latest_checkpoint(ckpt_dir: Path) -> Path | None:
 def check_data_target(data_path, target) -> None:
     """DFlash/Domino learn from *this* target's responses; data made by another target (e.g. the shipped
     default before it was retrained) would train a drafter for the wrong distribution."""
-    from .regenerate import load_meta
+    from .data.regenerate import load_meta
 
     made_by = load_meta(data_path).get("weights_digest")
     if made_by and made_by != target.weights_digest:
@@ -76,6 +64,7 @@ def train(cfg, resume: bool = False, extra_callbacks=None, logger=None, target=N
     from .config import to_dict
     from .target import Target
     from .training.callbacks import ExportBest
+    from .training.config import drafter_config
     from .training.datamodule import DrafterDataModule
     from .training.module import DrafterModule
     from .training.tracking import make_logger, plot_curves, remember_run
@@ -93,7 +82,7 @@ def train(cfg, resume: bool = False, extra_callbacks=None, logger=None, target=N
                         "`python -m domino_lab.regenerate --out <dir>` and set data.path")
     pl.seed_everything(cfg.seed, workers=True, verbose=False)
     target = target or Target.from_pretrained(cfg.target, dtype=cfg.dtype)
-    dcfg = build_drafter_config(cfg, target)
+    dcfg = drafter_config(cfg.drafter, target)
     dm = DrafterDataModule(cfg.data, seed=cfg.seed)
     dm.setup("fit")
     check_data_target(cfg.data.path, target)

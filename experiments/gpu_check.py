@@ -113,7 +113,7 @@ def check_training(args, dev, table: Table, work: Path) -> None:
     from mlflow.tracking import MlflowClient
 
     from domino_lab.config import load_config
-    from domino_lab.regenerate import regenerate, training_prompts
+    from domino_lab.data.regenerate import regenerate, training_prompts
     from domino_lab.target import Target
     from domino_lab.train import train
     from domino_lab.training.config import TrainConfig

@@ -1,6 +1,6 @@
 """Micro-benchmark of one draft step: DFlash (head off) vs the Domino head, eager vs fast vs compiled vs fused,
-across block sizes and vocabulary sizes (issue 10). One draft step = backbone + LM head + (for Domino) the
-sequential GRU rollout.
+across block sizes and vocabulary sizes (docs/design.md#head-inference-paths). One draft step = backbone + LM head
++ (for Domino) the sequential GRU rollout.
 
     python experiments/head_microbench.py                      # full grid -> experiments/results/head_microbench.md
     python experiments/head_microbench.py --quick --out /tmp/x # tests
@@ -48,8 +48,7 @@ def drafter_for(vocab: int, block: int) -> Drafter:
 
 def set_variant(d: Drafter, v: str) -> None:
     d.head_enabled = v != "dflash"
-    d.config.head_impl = v.split()[0] if v != "dflash" else "fast"
-    d.config.candidate_pool = int(v.split("K=")[1]) if "K=" in v else 0
+    d.set_head(v.split()[0] if v != "dflash" else "fast", int(v.split("K=")[1]) if "K=" in v else 0)
 
 
 def measure(d: Drafter, ctx: int, reps: int, rounds: int, variants=VARIANTS) -> dict:
@@ -69,6 +68,8 @@ def profile_default(ctx: int, reps: int) -> dict:
     anchor = torch.tensor([17])
     h = torch.randn(1, cfg.num_drafts, cfg.hidden_size, generator=g)
     base = d.lm_head(h)
+    base_top = base.topk(5, dim=-1)
+    base_top = (base_top.indices, base_top.values)
     emb = target.embed_tokens.weight
     prompt = torch.randint(2, cfg.vocab_size - 1, (1, ctx), generator=g)
     cache = DynamicCache()
@@ -89,9 +90,9 @@ def profile_default(ctx: int, reps: int) -> dict:
         "draft step, head off (backbone + LM head + top-k records)": lambda: draft("dflash"),
         "  of which LM head (8 slots x 8192)": lambda: d.lm_head(h),
         "Domino rollout, eager (nn.GRU + full W2)": lambda: draft("eager"),
-        "Domino rollout, fast K=64": lambda: d.head.rollout(h, base, anchor, emb, 64),
-        "Domino rollout, compiled K=64": lambda: d.head.rollout(h, base, anchor, emb, 64, impl="compiled"),
-        "Domino rollout, fused K=64": lambda: d.head.rollout(h, base, anchor, emb, 64, impl="fused"),
+        "Domino rollout, fast K=64": lambda: d.head.rollout(h, base, anchor, emb, base.shape[1], base_top, 64),
+        "Domino rollout, compiled K=64": lambda: d.head.rollout(h, base, anchor, emb, base.shape[1], base_top, 64, impl="compiled"),
+        "Domino rollout, fused K=64": lambda: d.head.rollout(h, base, anchor, emb, base.shape[1], base_top, 64, impl="fused"),
         "verify: target forward of 9 tokens": lambda: verify(cfg.num_drafts + 1),
         "plain decoding step: target forward of 1 token": lambda: verify(1),
     }

@@ -1,4 +1,4 @@
-"""How large must the Domino head's candidate pool be? τ and per-slot draft agreement vs the exact head (issue 10).
+"""How large must the Domino head's candidate pool be? τ and per-slot draft agreement vs the exact head.
 
     python experiments/head_pool.py                        # -> experiments/results/head_pool.md / .json
     python experiments/head_pool.py --quick --out /tmp/x   # tests
@@ -22,7 +22,7 @@ import torch
 from domino_lab import Target, speculative_generate
 from domino_lab.data.eval_sets import load_eval_set
 from domino_lab.models.domino_head import greedy_rollout
-from domino_lab.models.drafter import load_drafter
+from domino_lab.models import InferenceOptions, load_drafter
 
 
 def main(argv=None) -> int:
@@ -40,15 +40,15 @@ def main(argv=None) -> int:
         a.limit, a.max_new_tokens, a.pools = 2, 12, [16]
     torch.set_num_threads(1)
     target = Target.from_pretrained(a.target)
-    drafter = load_drafter(a.drafter, target, head_impl="fast", candidate_pool=0)
+    drafter = load_drafter(a.drafter, target, options=InferenceOptions(head_impl="fast", candidate_pool=0))
     head = drafter.head
     n = drafter.config.num_drafts
     agree = {K: [0] * n for K in a.pools}
     steps = [0]
     exact_rollout = head.rollout
 
-    def spy(h, base, anchor, embed_weight, pool=0, temperature=0.0, *rest, **kw):
-        out = exact_rollout(h, base, anchor, embed_weight, pool, temperature, *rest, **kw)
+    def spy(h, base, anchor, embed_weight, n, base_top, pool=0, *rest, **kw):
+        out = exact_rollout(h, base, anchor, embed_weight, n, base_top, pool, *rest, **kw)
         table, w_s, w1_h = head.fast_weights(embed_weight)
         for K in a.pools:
             toks = greedy_rollout(table, w_s, w1_h, head.w2.weight, h, base, anchor, K)[0]

@@ -3,8 +3,8 @@
     python experiments/seed_summary.py --runs experiments/results/drafters_s0.json experiments/results/drafters_s1.json \
         --pair domino dflash --pair domino domino_no_curriculum --out experiments/results/drafters_seeds.md
 
-At laptop scale the seed-to-seed spread is as large as the effect (DESIGN §8): a claim rests on every seed
-agreeing and on the paired differences, not on one run.
+At laptop scale the seed-to-seed spread is as large as the effect (docs/design.md#laptop-scale-evidence): a claim
+rests on every seed agreeing and on the paired differences, not on one run.
 """
 from __future__ import annotations
 

@@ -43,13 +43,13 @@ def measure(args) -> dict:
     from domino_lab.data.eval_sets import load_eval_set
     from domino_lab.data.packing import token_stream
     from domino_lab.errors import UserError
-    from domino_lab.target_quality import (cut_at_function_end, decode_step_ms, final_answer,
-                                           greedy_continuations, heldout_loss, is_looping, parses)
+    from domino_lab.pretrain.quality import (cut_at_function_end, decode_step_ms, final_answer,
+                                             greedy_continuations, heldout_loss, is_looping, parses)
 
     torch.set_num_threads(args.threads)
     model_dir = Path(args.model)
     if not (model_dir / "config.json").exists():
-        raise UserError(f"{model_dir} holds no trained target (no config.json); run python -m domino_lab.pretrain_target")
+        raise UserError(f"{model_dir} holds no trained target (no config.json); run python -m domino_lab.pretrain")
     meta_path = model_dir / "train_meta.json"
     meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
     tok = AutoTokenizer.from_pretrained(model_dir)
@@ -127,8 +127,8 @@ def render(res: dict) -> str:
     lines = [
         "# Embedded default target",
         "",
-        "A small Qwen3 causal LM trained from scratch by `python -m domino_lab.pretrain_target` on Python",
-        "standard-library source and generated grade-school math (DESIGN §5). Measured by",
+        "A small Qwen3 causal LM trained from scratch by `python -m domino_lab.pretrain` on Python",
+        "standard-library source and generated grade-school math (docs/design.md#embedded-default). Measured by",
         "`python experiments/target_card.py`; numbers below are not edited by hand.",
         "",
         "## Model and training",
@@ -191,7 +191,7 @@ def render(res: dict) -> str:
                      f"{rec.get('train', {}).get('lr', '?')} | {st.get('tokens_seen', 0):,} | "
                      f"{st.get('train_wall_time_s', 0) / 60:.1f} | {st.get('tokens_per_s', '?')} |")
     lines += ["", "## Reproduce", "", "```"]
-    lines += [f"python -m domino_lab.pretrain_target --config experiments/configs/{c}" for c in configs]
+    lines += [f"python -m domino_lab.pretrain --config experiments/configs/{c}" for c in configs]
     lines += ["python experiments/target_card.py", "```", ""]
     return "\n".join(lines)
 

@@ -11,7 +11,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
 from domino_lab import Drafter, Target
-from domino_lab.training.objective import forward_blocks, sample_anchors, weighted_ce
+from domino_lab.training.objective import sample_anchors, weighted_ce
 
 
 def tiny_target(vocab: int = 64, layers: int = 4, hidden: int = 32, eos: int | None = 3, seed: int = 0,
@@ -49,7 +49,7 @@ def brief_train(drafter: Drafter, seqs: torch.Tensor, steps: int = 60, lr: float
     drafter.train()
     for _ in range(steps):
         anchors, keep = sample_anchors(loss_mask, 8, g)
-        bb = forward_blocks(drafter, feats, seqs, loss_mask, anchors, keep)
+        bb = drafter.training_blocks(feats, seqs, loss_mask, anchors, keep)
         loss = 0.5 * weighted_ce(bb.logits_base, bb.labels, bb.valid, 4.0) + \
             0.5 * weighted_ce(bb.logits_final, bb.labels, bb.valid, 4.0)
         opt.zero_grad()
@@ -84,7 +84,7 @@ def make_regenerated(root, n_prompts: int = 48, max_new_tokens: int = 40):
     """A tiny target with a tokenizer, and its own greedy continuations in the regenerated-data format."""
     from pathlib import Path
 
-    from domino_lab.regenerate import regenerate
+    from domino_lab.data.regenerate import regenerate
 
     root = Path(root)
     tdir = make_target_dir(root / "target", max_pos=256)
@@ -95,12 +95,21 @@ def make_regenerated(root, n_prompts: int = 48, max_new_tokens: int = 40):
     return str(tdir), str(root / "data")
 
 
-def tiny_sweep_yaml(root, n_trials: int, **extra):
+def tiny_sweep_yaml(root, n_trials: int, data_path: str | None = None, **extra):
     """A sweep config over a tiny target and its regenerated data (12 steps per trial), written to root/sweep.yaml.
-    Returns (path, config dict)."""
+    Returns (path, config dict). `data_path`: None regenerates the data here, now (root/data); a path (e.g.
+    `runs/regenerated/tiny`, under the sweep's runs folder) is left for the sweep to create on first use, from a
+    few math prompts. A key given as None in `extra` (e.g. out_dir=None) is left out: the sweep's default."""
+    from pathlib import Path
+
     import yaml
 
-    tdir, data = make_regenerated(root)
+    root = Path(root)
+    if data_path is None:
+        tdir, data = make_regenerated(root)
+    else:
+        tdir, data = str(make_target_dir(root / "target", max_pos=256)), data_path
+        extra = {"regen_math": 12, "regen_code": 0, "regen_max_new_tokens": 24, **extra}
     cfg = {"study_name": "tiny", "base_config": None,
            "overrides": [f"target={tdir}", f"data.path={data}", "max_steps=12", "eval.every_n_steps=6",
                          "data.batch_size=4", "eval.tau_prompts=2", "eval.tau_max_new_tokens=16",
@@ -111,6 +120,7 @@ def tiny_sweep_yaml(root, n_trials: int, **extra):
            "space": {"drafter.rank": {"type": "int", "low": 4, "high": 16, "log": True},
                      "drafter.gru_hidden": {"type": "int", "low": 8, "high": 32, "log": True},
                      "loss.curriculum.type": {"type": "categorical", "choices": ["linear", "cosine"]}}}
+    cfg = {k: v for k, v in cfg.items() if v is not None}
     path = root / "sweep.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path, cfg

@@ -1,4 +1,4 @@
-"""Speculative inference as a LightningModule and `python -m domino_lab.bench` (issue 5), on tiny targets."""
+"""Speculative inference as a LightningModule and `python -m domino_lab.bench`, on tiny targets."""
 import json
 
 import pytest

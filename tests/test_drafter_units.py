@@ -1,4 +1,4 @@
-"""The drafter's pieces against the equations of DESIGN §2."""
+"""The drafter's pieces against the equations of docs/design.md (#backbone, #domino-head)."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -7,13 +7,8 @@ from transformers import DynamicCache
 from domino_lab import Drafter, DrafterConfig
 from domino_lab.errors import UserError
 from domino_lab.models.backbone import block_attention_mask
-from domino_lab.training.objective import forward_blocks, sample_anchors
+from domino_lab.training.objective import sample_anchors
 from core_helpers import tiny_target
-
-
-@pytest.fixture(scope="module")
-def target():
-    return tiny_target()
 
 
 def test_block_mask_matches_brute_force():
@@ -77,7 +72,7 @@ def test_training_forward_equals_inference_per_block(target):
             lm = torch.ones_like(ids)
             anchors = torch.tensor([[3, 8, 11]])
             keep = torch.ones_like(anchors, dtype=torch.bool)
-            bb = forward_blocks(d, feats, ids, lm, anchors, keep)
+            bb = d.training_blocks(feats, ids, lm, anchors, keep)
             for j, a in enumerate(anchors[0].tolist()):
                 dr = d.draft(feats[:, :a], 0, ids[:, a], a, DynamicCache())
                 # draft() picks its own tokens; feed the same prefix the teacher-forced path used
@@ -108,14 +103,15 @@ def test_slot0_uncorrected_and_correction_is_lowrank(target):
         d.head.w2.weight.normal_(std=1.0)
     h = torch.randn(3, 4, 32, dtype=torch.float64)
     prefix = torch.randint(4, 60, (3, 4))
-    base, final = d.draft_logits(h, prefix)
+    base = d.lm_head(h)
+    final = d.head.corrected_logits(h, base, d.embed(prefix))
     torch.testing.assert_close(final[:, 0], base[:, 0])
     s = d.head.prefix_states(target.embed_tokens(prefix))
     want = d.head.w2(F.silu(d.head.w1(torch.cat([h, s], -1))))
     torch.testing.assert_close(final[:, 1:] - base[:, 1:], want[:, 1:])
     with torch.no_grad():
         d.head.w2.weight.zero_()
-    base, final = d.draft_logits(h, prefix)
+    final = d.head.corrected_logits(h, base, d.embed(prefix))
     torch.testing.assert_close(final, base)          # no other path from the head into the logits
     d.head_enabled = False
     assert not d.uses_head

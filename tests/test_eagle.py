@@ -11,17 +11,12 @@ from domino_lab import Drafter, speculative_generate
 from domino_lab.errors import UserError
 from domino_lab.models.drafter import load_drafter
 from domino_lab.models.eagle import eagle_chain, ttt_hidden
-from domino_lab.models.frspec import frequent_tokens
+from domino_lab.models.frspec import frequent_tokens, q_to_vocab, to_vocab
 from core_helpers import brief_train, greedy_sequences, tiny_target
 from test_sampling import exact_distribution, sample_many, tv
 
 PROMPTS = [[(7 * i + j * 13) % 60 + 4 for j in range(3 + i % 5)] for i in range(12)]
 NEW = 24
-
-
-@pytest.fixture(scope="module")
-def target():
-    return tiny_target()
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +64,7 @@ def test_ttt_unroll_equals_the_inference_chain(target, seqs):
     d = Drafter.untrained(target, "eagle", seed=0, block_size=4)
     feats = target.forward(seqs[:1], taps=d.config.target_layer_ids).features
     anchors = (5, 17, 30)
-    outs = ttt_hidden(d.backbone, d.embed, feats, seqs[:1], 4, torch.tensor([anchors]) - 1)
+    outs = ttt_hidden(d.chain, d.embed, feats, seqs[:1], 4, torch.tensor([anchors]) - 1)
     for c, a in enumerate(anchors):
         got = []
 
@@ -101,8 +96,13 @@ def test_eagle_save_load_and_registry(target, trained_eagle, tmp_path):
         a = speculative_generate(target, trained_eagle, prompt_ids=p, max_new_tokens=NEW)
         b = speculative_generate(target, back, prompt_ids=p, max_new_tokens=NEW)
         assert a.token_ids == b.token_ids and a.acceptance_lengths == b.acceptance_lengths
-    d = load_drafter("untrained:eagle", target, block_size=4)
-    assert d.config.method == "eagle" and d.config.block_size == 4 and d.head is None
+    d = load_drafter("untrained:eagle:block_size=4", target)
+    assert d.config.method == "eagle" and d.config.block_size == 4 and not d.has_head
+    # checkpoints written before the families were split named the chain `backbone`: they still load
+    legacy = {k.replace("chain.", "backbone.", 1): v for k, v in trained_eagle.state_dict().items()}
+    d2 = Drafter(trained_eagle.config, target)
+    d2.load_state_dict(legacy, strict=True)
+    assert all(torch.equal(a, b) for a, b in zip(d2.state_dict().values(), trained_eagle.state_dict().values()))
     with pytest.raises(UserError, match="one decoder layer"):
         Drafter.untrained(target, "eagle", num_layers=2)
 
@@ -116,14 +116,14 @@ def test_batched_refuses_eagle(target, trained_eagle):
 
 def test_eagle_trains_through_the_module_objective(target, seqs):
     """The shared objective gives eagle the block layout: [b, N, n, V] logits, anchor 0 never supervised."""
-    from domino_lab.training.objective import forward_blocks, sample_anchors
+    from domino_lab.training.objective import sample_anchors
 
     d = Drafter.untrained(target, "eagle", block_size=4)
     lm = torch.ones_like(seqs)
     feats = target.forward(seqs, taps=d.config.target_layer_ids).features
     anchors, keep = sample_anchors(lm, 6, torch.Generator().manual_seed(0))
     anchors[0, 0] = 0
-    bb = forward_blocks(d, feats, seqs, lm, anchors, keep)
+    bb = d.training_blocks(feats, seqs, lm, anchors, keep)
     assert bb.logits_base.shape == (*anchors.shape, 4, target.vocab_size)
     assert not bb.valid[0, 0].any()
     a = int(anchors[1, 2])
@@ -138,9 +138,9 @@ def test_frequent_tokens_and_id_mapping(target, seqs, tmp_path):
     ids = [3, 10, 20, 33, 41, 50, 60]
     d = Drafter.untrained(target, "domino", block_size=4, frspec_k=len(ids)).set_frspec(list(reversed(ids)))
     assert d.draft_vocab.tolist() == ids                          # stored sorted
-    assert d._to_vocab(torch.arange(len(ids))).tolist() == ids
+    assert to_vocab(torch.arange(len(ids)), d.draft_vocab).tolist() == ids
     q = torch.softmax(torch.randn(2, len(ids), dtype=torch.float64), -1)
-    full = d._q_to_vocab(q)
+    full = q_to_vocab(q, d.draft_vocab, target.vocab_size)
     assert full.shape[-1] == target.vocab_size and torch.allclose(full[:, ids], q) and float(full.sum()) == pytest.approx(2)
     back = Drafter.from_pretrained(d.save_pretrained(tmp_path / "fr"), target)
     assert back.draft_vocab.tolist() == ids

@@ -24,7 +24,7 @@ def trained(target):
 
 
 def draft_with(d, impl, pool, feats, anchor, ctx):
-    d.config.head_impl, d.config.candidate_pool = impl, pool
+    d.set_head(impl, pool)
     return d.draft(feats, 0, anchor, ctx, None)
 
 
@@ -77,7 +77,7 @@ def test_input_table_follows_weight_updates(trained):
 @pytest.mark.parametrize("impl,pool", [("eager", 0), ("fast", 0), ("fast", 6), ("compiled", 6), ("fused", 0),
                                        ("fused", 6)])
 def test_greedy_stays_lossless(target, trained, impl, pool):
-    trained.config.head_impl, trained.config.candidate_pool = impl, pool
+    trained.set_head(impl, pool)
     taus = []
     for p in PROMPTS:
         plain = speculative_generate(target, None, prompt_ids=p, max_new_tokens=20).token_ids
@@ -125,11 +125,11 @@ def test_fused_rollout_equals_fast(dtype, trained):
             assert torch.equal(f.base_topk[0], u.base_topk[0])
         sampled = []
         for impl in ("fast", "fused"):
-            d.config.head_impl = impl
+            d.set_head(impl)
             sampled.append(d.draft(feats, 0, anchor, ctx, None, temperature=1.0,
                                    generator=torch.Generator().manual_seed(5)))
         assert torch.equal(sampled[0].tokens, sampled[1].tokens) and torch.equal(sampled[0].q, sampled[1].q)
-    d.config.head_impl = "fused"
+    d.set_head("fused")
 
 
 def test_fused_rollout_under_frspec_equals_fast(target):
@@ -195,7 +195,7 @@ def test_sampling_with_a_pool_keeps_the_target_distribution():
     from test_sampling import exact_distribution
     target = tiny_target(vocab=5, layers=3, hidden=16, eos=None, logit_scale=60.0)
     target.eos_token_ids = set()
-    drafter = Drafter.untrained(target, "domino", seed=0, block_size=2, head_impl="fast", candidate_pool=2)
+    drafter = Drafter.untrained(target, "domino", seed=0, block_size=2).set_head("fast", 2)
     prompt = [1, 2, 0]
     exact = exact_distribution(target, prompt, 3, 1.0)
     counts = sample_many(target, drafter, prompt, N // 2)
@@ -210,12 +210,15 @@ def test_sampling_with_a_pool_keeps_the_target_distribution():
     assert (dr.q.gather(-1, dr.tokens.unsqueeze(-1)) > 0).all()
 
 
-def test_config_rejects_bad_head_options(target):
+def test_bad_inference_options_are_user_errors(target):
     from domino_lab.errors import UserError
-    with pytest.raises(UserError, match="head_impl"):
-        Drafter.untrained(target, "domino", head_impl="turbo")
-    with pytest.raises(UserError, match="candidate_pool"):
-        Drafter.untrained(target, "domino", candidate_pool=-1)
+    d = Drafter.untrained(target, "domino")
+    with pytest.raises(UserError, match="head implementation"):
+        d.set_head("turbo")
+    with pytest.raises(UserError, match="candidate pool"):
+        d.set_head(candidate_pool=-1)
+    with pytest.raises(UserError, match="unknown drafter option"):       # runtime choices are not architecture
+        Drafter.untrained(target, "domino", head_impl="fast")
 
 
 def test_microbench_quick(tmp_path):

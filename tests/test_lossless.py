@@ -3,14 +3,9 @@ import pytest
 import torch
 
 from domino_lab import Drafter, speculative_generate
-from core_helpers import brief_train, greedy_sequences, tiny_target
+from core_helpers import brief_train, greedy_sequences
 
 PROMPTS = [[(7 * i + j * 13) % 60 + 4 for j in range(3 + i % 5)] for i in range(32)]
-
-
-@pytest.fixture(scope="module")
-def target():
-    return tiny_target()
 
 
 @pytest.fixture(scope="module")
@@ -109,7 +104,7 @@ def test_max_new_tokens_is_exact(target, trained):
         assert len(res.token_ids) == n or res.stop_reason == "eos"
 
 
-# ---- batched decoding (issue 5): ragged acceptance through cache holes ----------------------------
+# ---- batched decoding: ragged acceptance through cache holes ----------------------------------------
 @pytest.mark.parametrize("method", [None, "dflash", "domino"])
 def test_batched_equals_per_sequence(target, plain, trained, method):
     from domino_lab.decoding.batched import batched_generate

@@ -1,4 +1,4 @@
-"""Target pretraining CLI (`python -m domino_lab.pretrain_target`) and the target card script."""
+"""Target pretraining CLI (`python -m domino_lab.pretrain`) and the target card script."""
 from __future__ import annotations
 
 import json
@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from domino_lab.errors import UserError, run_cli
-from domino_lab.pretrain_target import (SHIPPED_DIR, TrainRecipe, _lightning_module, apply_quick, load_recipe,
-                                        main, recipe_from_dict)
+from domino_lab.pretrain.__main__ import main
+from domino_lab.pretrain.recipe import SHIPPED_DIR, TrainRecipe, apply_quick, load_recipe, recipe_from_dict
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPE = REPO / "experiments" / "configs" / "target.yaml"
@@ -20,7 +20,7 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
 def _cli(*args, cwd=REPO):
-    return subprocess.run([sys.executable, "-m", "domino_lab.pretrain_target", *map(str, args)],
+    return subprocess.run([sys.executable, "-m", "domino_lab.pretrain", *map(str, args)],
                           cwd=cwd, env=ENV, capture_output=True, text=True, timeout=600)
 
 
@@ -76,7 +76,7 @@ def test_quick_pretraining_end_to_end(quick_model):
 def test_unknown_yaml_key_is_one_error_line(tmp_path, capsys):
     bad = tmp_path / "bad.yaml"
     bad.write_text("train:\n  seed: 0\n  learning_rate: 0.1\n")
-    # in-process through run_cli, the wrapper `python -m domino_lab.pretrain_target` runs main with
+    # in-process through run_cli, the wrapper `python -m domino_lab.pretrain` runs main with
     # (the real subprocess path is exercised by the quick end-to-end run; imports cost ~10 s a process)
     with pytest.raises(SystemExit) as e:
         run_cli(main, ["--config", str(bad), "--quick", "--out", str(tmp_path / "o")])
@@ -91,6 +91,20 @@ def test_unknown_section_and_bad_type():
         recipe_from_dict({"optimizer": {}})
     with pytest.raises(UserError, match="train.lr"):
         recipe_from_dict({"train": {"lr": "fast"}})
+
+
+def test_recipes_resolve_from_any_directory(tmp_path, monkeypatch):
+    """The same recipe from another directory: found in the repository, its paths the repository's (an input
+    export, the assistant's output folder) or under the runs folder (`runs/...`)."""
+    monkeypatch.chdir(tmp_path)
+    stage2 = load_recipe("experiments/configs/target_stage2.yaml")
+    assert stage2.train.init_from == str(REPO / "domino_lab" / "assets" / "target")
+    assistant = load_recipe("experiments/configs/assistant.yaml", runs_dir=tmp_path / "r")
+    assert assistant.out_dir == str(REPO / "domino_lab" / "assets" / "assistant")
+    assert assistant.data.regenerated == str(tmp_path / "r" / "regenerated" / "default")
+    assert assistant.train.tokenizer_from == "default"                  # a name stays a name
+    assert load_recipe("experiments/configs/assistant.yaml").data.regenerated == \
+        str(REPO / "runs" / "regenerated" / "default")
 
 
 def test_missing_recipe_file(tmp_path):
@@ -121,8 +135,8 @@ def test_quick_overrides_keep_it_tiny():
 
 
 def test_lr_schedule_warmup_then_cosine_to_floor():
-    TargetLM = _lightning_module()
-    from domino_lab.pretrain_target import ModelShape
+    from domino_lab.pretrain.module import TargetLM
+    from domino_lab.pretrain.recipe import ModelShape
 
     cfg = TrainRecipe(max_steps=1000, warmup_steps=10, min_lr_ratio=0.1, max_minutes=1e6)
     m = TargetLM(ModelShape(vocab_size=64, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
@@ -155,7 +169,7 @@ def test_target_card_on_quick_model(quick_model, tmp_path):
 
 
 def test_quality_helpers():
-    from domino_lab.target_quality import cut_at_function_end, final_answer, is_looping, parses
+    from domino_lab.pretrain.quality import cut_at_function_end, final_answer, is_looping, parses
 
     assert final_answer("x\n#### 1,234") == 1234 and final_answer("#### -5") == -5 and final_answer("no") is None
     assert is_looping([1, 2, 3] * 30)
@@ -175,7 +189,7 @@ def test_assistant_from_regenerated_data_shares_the_target_tokenizer(tmp_path):
 
     from core_helpers import make_target_dir
     from domino_lab.bench import load_assistant
-    from domino_lab.regenerate import regenerate
+    from domino_lab.data.regenerate import regenerate
     from domino_lab.target import Target
 
     tdir = make_target_dir(tmp_path / "target", max_pos=256)

@@ -18,7 +18,7 @@ import torch
 
 from domino_lab.data.eval_sets import MAX_CONTEXT_CHARS
 from domino_lab.errors import UserError
-from domino_lab.regenerate import SHARD_DIR, load_meta, load_regenerated, regenerate, training_prompts
+from domino_lab.data.regenerate import SHARD_DIR, load_meta, load_regenerated, regenerate, training_prompts
 from domino_lab.target import Target
 
 REPO = Path(__file__).resolve().parents[1]

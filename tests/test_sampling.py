@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from domino_lab import Drafter, speculative_generate
-from domino_lab.decoding import engine, sampling
+from domino_lab import sampling
+from domino_lab.decoding import engine
 from core_helpers import tiny_target
 
 

@@ -1,4 +1,4 @@
-"""Scale-out (issue 8): the docker-compose stack checked statically (no Docker daemon needed), and distributed
+"""Scale-out (docs/scaling.md): the docker-compose stack checked statically (no Docker daemon needed), and distributed
 sweeps / MLflow on a real PostgreSQL server (tests/pg_fixture.py starts a throwaway one on 127.0.0.1)."""
 import importlib.util
 import os
@@ -33,7 +33,6 @@ def _load(name: str, path: Path):
 
 
 _load("docker_healthcheck", REPO / "docker" / "healthcheck.py")
-_load("docker_sweep_worker", REPO / "docker" / "sweep_worker.py")
 ENV = dict(os.environ, OMP_NUM_THREADS="1", MLFLOW_DISABLE_TELEMETRY="true", HF_HUB_OFFLINE="1",
            NO_PROXY="localhost,127.0.0.1", no_proxy="localhost,127.0.0.1")
 
@@ -105,7 +104,7 @@ def test_compose_services_and_image(compose):
 
 def test_compose_commands_are_real_entry_points(compose, monkeypatch):
     """Every command names a module, script or console command that exists, with options it accepts."""
-    from domino_lab.sweep import load_sweep_config
+    from domino_lab.sweep.__main__ import parse_args
 
     monkeypatch.chdir(REPO)          # the image's WORKDIR: recipes are relative to it
 
@@ -139,10 +138,14 @@ def test_compose_commands_are_real_entry_points(compose, monkeypatch):
         else:
             pytest.fail(f"{name}: unknown command {args[0]}")
         checked.add(name)
-        # the sweep services pass their arguments to `python -m domino_lab.sweep`: they must load
+        # the sweep services are `python -m domino_lab.sweep ...`: their arguments must load
         if name in ("sweep-init", "sweep-worker"):
-            sweep, _ = load_sweep_config(args[2:])
+            assert args[:3] == ["python", "-m", "domino_lab.sweep"], name
+            sweep, parsed = parse_args(args[3:])
             assert sweep.storage == flag(args, "--storage") and sweep.tracking_uri == "http://mlflow:5000"
+            assert parsed.prepare_only == (name == "sweep-init")     # init prepares, workers run trials
+            assert parsed.claim_gpu == (name == "sweep-worker")      # one GPU each under docker/compose.gpu.yml
+            assert svc.get("init") is True, f"{name}: without an init process, python as PID 1 ignores SIGTERM"
     assert {"mlflow", "sweep-init", "sweep-worker", "optuna-dashboard"} <= checked
 
 
@@ -340,8 +343,9 @@ def wait_healthy(service, url, proc, log, host_header=None, timeout=180):
 @pytest.mark.slow
 def test_compose_flow_on_postgres(postgres, tiny_sweep, compose, tmp_path):  # noqa: F811
     """The compose stack's own commands on loopback: the mlflow service's command on a PostgreSQL backend
-    (health check with the Host header other containers send; a foreign Host is refused), sweep-init,
-    then a worker through docker/sweep_worker.py logging through the server; optuna-dashboard if installed."""
+    (health check with the Host header other containers send; a foreign Host is refused), sweep-init
+    (`--prepare-only`), then a worker (`--claim-gpu`, a no-op without GPUs) logging through the server;
+    optuna-dashboard if installed."""
     from docker_healthcheck import check
 
     path, _ = tiny_sweep
@@ -363,14 +367,15 @@ def test_compose_flow_on_postgres(postgres, tiny_sweep, compose, tmp_path):  # n
             check("mlflow", url, host_header="elsewhere.example:5000")
         common = ["--config", str(path), "--study-name", "stack", "--storage", storage, "--tracking-uri", url,
                   "--runs-dir", str(tmp_path / "runs"), "--threads", "1"]
-        init = subprocess.run([sys.executable, str(REPO / "docker" / "prepare_sweep.py")] + common, cwd=tmp_path,
-                              env=ENV, capture_output=True, text=True, timeout=300)
+        sweep = [sys.executable, "-m", "domino_lab.sweep"]
+        init = subprocess.run(sweep + ["--prepare-only"] + common, cwd=tmp_path, env=ENV, capture_output=True,
+                              text=True, timeout=300)
         assert init.returncode == 0, init.stderr[-3000:]
         study = optuna.load_study(study_name="stack", storage=storage)
         assert [t.state.name for t in study.trials] == ["WAITING"]          # the baseline, enqueued once
-        work = subprocess.run([sys.executable, str(REPO / "docker" / "sweep_worker.py")] + common
-                              + ["--n-trials", "1"], cwd=tmp_path, env=ENV, capture_output=True, text=True,
-                              timeout=600)
+        parent = study.user_attrs["mlflow_parent_run_id"]                    # and the study's MLflow run
+        work = subprocess.run(sweep + ["--claim-gpu"] + common + ["--n-trials", "1"], cwd=tmp_path, env=ENV,
+                              capture_output=True, text=True, timeout=600)
         assert work.returncode == 0, work.stderr[-3000:]
         study = optuna.load_study(study_name="stack", storage=storage)
         assert len(study.trials) == 1 and study.trials[0].user_attrs.get("baseline")
@@ -380,8 +385,10 @@ def test_compose_flow_on_postgres(postgres, tiny_sweep, compose, tmp_path):  # n
         exp = client.get_experiment_by_name("domino-lab-sweeps")
         runs = client.search_runs([exp.experiment_id])
         assert {r.info.run_name for r in runs} >= {"study-stack", "trial-0"}
-        arts = {a.path for a in client.list_artifacts(study.user_attrs["mlflow_parent_run_id"])}
+        assert study.user_attrs["mlflow_parent_run_id"] == parent
+        arts = {a.path for a in client.list_artifacts(parent)}
         assert "summary.md" in arts                                          # artifacts through the server
+        assert client.get_run(parent).info.status == "FINISHED"              # the study has nothing left to run
         assert postgres.sql("SELECT count(*) FROM runs", db="stack_mlflow")[0][0] == len(runs)
         dash = shutil.which("optuna-dashboard")
         if dash:
@@ -396,9 +403,10 @@ def test_compose_flow_on_postgres(postgres, tiny_sweep, compose, tmp_path):  # n
 
 
 def test_gpu_claims_are_exclusive(postgres):  # noqa: F811
-    """docker/sweep_worker.py: each worker holds its own GPU; a dead worker's GPU is free again."""
+    """--claim-gpu: each worker holds its own GPU; a dead worker's GPU is free again."""
     import sqlalchemy as sa
-    from docker_sweep_worker import claim_gpu
+
+    from domino_lab.sweep.gpu import claim_gpu
 
     url = postgres.url("optuna")
     gpus = ["GPU-aaaa", "GPU-bbbb"]
@@ -409,7 +417,12 @@ def test_gpu_claims_are_exclusive(postgres):  # noqa: F811
         assert claim_gpu(b, gpus) == "GPU-bbbb"
         assert claim_gpu(c, gpus) is None
         a.close()                                                # worker a exits
-        assert claim_gpu(c, gpus) == "GPU-aaaa"
+        # the server drops a closed session's locks when its backend process ends, a moment after the client
+        # hangs up (a waiting worker polls, so it gets the GPU on a later try)
+        deadline = time.time() + 10
+        while (got := claim_gpu(c, gpus)) is None and time.time() < deadline:
+            time.sleep(0.1)
+        assert got == "GPU-aaaa"
     finally:
         for conn in (a, b, c):
             conn.close()
@@ -421,7 +434,7 @@ def test_scaling_docs_recipe_and_commands(tmp_path):
     import shlex
 
     from domino_lab.config import load_config
-    from domino_lab.sweep import build_parser as sweep_parser
+    from domino_lab.sweep.__main__ import build_parser as sweep_parser
     from domino_lab.train import build_parser as train_parser
     from domino_lab.training.config import TrainConfig
 

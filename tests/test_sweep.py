@@ -11,7 +11,7 @@ import yaml
 from mlflow.tracking import MlflowClient
 
 from domino_lab.errors import run_cli
-from domino_lab.sweep import main
+from domino_lab.sweep.__main__ import main
 from core_helpers import tiny_sweep_yaml
 
 
@@ -54,6 +54,7 @@ def test_sweep_runs_resumes_and_tracks(sweep_yaml, capsys):
     assert all("val/tau" in r.data.metrics and "val/accept_pos_0" in r.data.metrics for r in done)
     arts = {a.path for a in client.list_artifacts(parent)}
     assert "summary.md" in arts and "plots" in arts
+    assert client.get_run(parent).info.status == "FINISHED"       # nothing left to run in the study
 
 
 def test_two_workers_share_one_study(sweep_yaml, tmp_path):
@@ -130,3 +131,60 @@ def test_sigkill_mid_trial_then_resume(sweep_yaml, tmp_path):
     assert all(after[n] == "COMPLETE" for n in done_before)        # finished trials survive
     assert after[killed[0]] == "FAIL"                                # the interrupted one is failed
     assert sum(s in ("COMPLETE", "PRUNED") for s in after.values()) == 3   # and the study reached its total
+
+
+def test_everything_lands_under_runs_dir(tmp_path):
+    """Run from another directory with --runs-dir X: the study, the MLflow store and its artifacts, the training
+    data (regenerated on first use), the trials and the report all land under X; nothing in the current directory
+    (no ./runs, no ./mlruns), and the recipe-relative paths do not depend on where the command runs."""
+    path, _ = tiny_sweep_yaml(tmp_path / "cfg", n_trials=3, data_path="runs/regenerated/tiny", out_dir=None)
+    cwd, x = tmp_path / "elsewhere", tmp_path / "X"
+    cwd.mkdir()
+    r = subprocess.run([sys.executable, "-m", "domino_lab.sweep", "--config", str(path), "--n-trials", "3",
+                        "--runs-dir", str(x), "--threads", "1"], cwd=cwd, capture_output=True, text=True,
+                       timeout=900, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert not list(cwd.iterdir()), f"written to the current directory: {list(cwd.iterdir())}"
+    study = optuna.load_study(study_name="tiny", storage=f"sqlite:///{x / 'optuna.db'}")
+    assert len(study.trials) == 3
+    assert (x / "regenerated" / "tiny" / "meta.json").exists()                # data made by the sweep, under X
+    done = [t for t in study.trials if t.state.name == "COMPLETE"]
+    assert done and all(Path(t.user_attrs["best_dir"]).is_relative_to(x) for t in done)
+    assert (x / "tiny" / "summary.md").exists() and (x / "tiny" / "plots" / "optimization_history.png").exists()
+    client = MlflowClient(f"sqlite:///{x / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("domino-lab-sweeps")
+    assert exp.artifact_location == (x / "mlartifacts" / "domino-lab-sweeps").as_uri()
+    parent = study.user_attrs["mlflow_parent_run_id"]
+    assert {a.path for a in client.list_artifacts(parent)} >= {"summary.md", "plots"}
+    assert list((x / "mlartifacts").rglob("summary.md"))                       # the artifacts' bytes are under X
+
+
+
+def test_get_or_create_survives_lost_races(tmp_path, monkeypatch):
+    """Workers starting together: the other worker creates the MLflow experiment between our lookup and our
+    insert, or the study between Optuna's lookup and its insert; both are read back instead of failing."""
+    from domino_lab.sweep import load_sweep
+    from domino_lab.sweep.runner import SweepRunner
+
+    spec = {"base_config": None, "space": {"drafter.rank": {"type": "int", "low": 4, "high": 16}},
+            "out_dir": str(tmp_path / "sw"), "tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}"}
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(spec))
+    runner = SweepRunner(load_sweep(tmp_path / "s.yaml"))
+    other = MlflowClient(runner.tracking_uri).create_experiment("domino-lab-sweeps")
+    real = runner.client.get_experiment_by_name
+    calls = []
+
+    def stale_lookup(name):          # the first lookup happened before the other worker's insert
+        calls.append(name)
+        return None if len(calls) == 1 else real(name)
+
+    monkeypatch.setattr(runner.client, "get_experiment_by_name", stale_lookup)
+    assert runner._experiment_id() == other and len(calls) == 2
+
+    first = runner._study()
+
+    def lost(*a, **k):
+        raise optuna.exceptions.DuplicatedStudyError("created by another worker")
+
+    monkeypatch.setattr(optuna, "create_study", lost)
+    assert runner._study().study_name == first.study_name

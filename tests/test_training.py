@@ -1,4 +1,4 @@
-"""Drafter training (issue 4): objective pieces, schedules, config errors, end-to-end runs, resume, DDP."""
+"""Drafter training (docs/design.md#training-objective): objective, schedules, config errors, end-to-end, resume, DDP."""
 import json
 import math
 import os
@@ -15,7 +15,7 @@ from domino_lab import Drafter
 from domino_lab.config import load_config
 from domino_lab.errors import UserError, run_cli
 from domino_lab.training.config import TrainConfig
-from domino_lab.training.objective import forward_blocks, position_weights, sample_anchors, weighted_ce
+from domino_lab.training.objective import position_weights, sample_anchors, weighted_ce
 from domino_lab.training.schedules import LambdaConfig, make_schedule
 from core_helpers import make_regenerated, tiny_target
 
@@ -70,8 +70,8 @@ def test_teacher_forcing_vs_ttt_prefix():
     lm[:, :3] = 0
     feats = target.forward(ids, taps=d.config.target_layer_ids).features
     anchors, keep = sample_anchors(lm, 5, torch.Generator().manual_seed(1))
-    tf = forward_blocks(d, feats, ids, lm, anchors, keep, "teacher_forcing")
-    ttt = forward_blocks(d, feats, ids, lm, anchors, keep, "ttt")
+    tf = d.training_blocks(feats, ids, lm, anchors, keep, "teacher_forcing")
+    ttt = d.training_blocks(feats, ids, lm, anchors, keep, "ttt")
     for b in range(2):
         for j, a in enumerate(anchors[b].tolist()):
             want_tf = ids[b, a: a + 4].tolist()                       # x_a, x_{a+1}, ..., x_{a+n-1}
@@ -131,7 +131,8 @@ def test_training_raises_tau_and_logs_to_mlflow(tiny, tmp_path):
 
     from domino_lab.config import load_config
     from domino_lab.target import Target
-    from domino_lab.train import build_drafter_config, train
+    from domino_lab.train import train
+    from domino_lab.training.config import drafter_config
     from domino_lab.training.datamodule import DrafterDataModule
     from domino_lab.training.module import measure_tau
 
@@ -143,7 +144,7 @@ def test_training_raises_tau_and_logs_to_mlflow(tiny, tmp_path):
     dm.setup()
     prompts = dm.tau_prompts(6)
     torch.manual_seed(0)
-    untrained = Drafter(build_drafter_config(cfg, target), target)
+    untrained = Drafter(drafter_config(cfg.drafter, target), target)
     trained = Drafter.from_pretrained(res["best_dir"], target)
     tau0 = measure_tau(target, untrained, prompts, 32)["tau"]
     tau1 = measure_tau(target, trained, prompts, 32)["tau"]

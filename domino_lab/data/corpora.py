@@ -1,4 +1,4 @@
-"""The two offline training domains of the embedded default target (DESIGN §5), as `datasets`.
+"""The two offline training domains of the embedded default target (docs/design.md#embedded-default), as `datasets`.
 
 - code: the Python standard-library source of the running interpreter (tests, IDLE, turtledemo,
   site-packages and the generated pydoc topic dump excluded), deduplicated by content, with ~5% of
@@ -26,7 +26,7 @@ from domino_lab.errors import UserError
 
 SPLITS = ("train", "heldout")
 
-# Folders never used as code data: test suites (the DESIGN's `test*` rule, incl. idlelib/idle_test),
+# Folders never used as code data: test suites (`test*` folders, incl. idlelib/idle_test),
 # GUI demos, third-party packages, and pydoc_data (a generated dump of documentation prose).
 _EXCLUDED_DIRS = {"idlelib", "turtledemo", "site-packages", "dist-packages", "pydoc_data", "__pycache__"}
 CODE_HELDOUT_PERCENT = 5

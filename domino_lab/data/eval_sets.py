@@ -1,4 +1,4 @@
-"""Evaluation prompt sets the target never trained on (DESIGN §5), plus user JSONL files.
+"""Evaluation prompt sets the target never trained on (docs/design.md#embedded-default), plus user JSONL files.
 
 `load_eval_set(name_or_path, limit=None) -> list[{"id", "prompt"}]`
 

@@ -1,4 +1,4 @@
-"""Byte-level BPE tokenizer of the embedded default target (DESIGN §5).
+"""Byte-level BPE tokenizer of the embedded default target (docs/design.md#embedded-default).
 
 - Byte-level: every byte string round-trips exactly (no normaliser, no added prefix space, and
   `clean_up_tokenization_spaces=False` so decode never "tidies" spaces before punctuation in code).

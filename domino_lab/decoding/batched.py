@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers import DynamicCache
 
+from .. import sampling
 from ..errors import UserError
 
 
@@ -45,9 +46,9 @@ def batched_generate(target, drafter, prompts_ids: list[list[int]], max_new_toke
         raise UserError(f"a prompt has {width} tokens but the target's context is {target.max_length}")
     budget = [min(max_new_tokens, target.max_length - len(p)) for p in prompts_ids]
     eos = target.eos_token_ids
-    if drafter is not None and drafter.config.method == "eagle":
-        raise UserError("batched decoding supports the block drafters (dflash, domino), not 'eagle' (a chain "
-                        "drafter with ragged caches); decode eagle one sequence at a time (speculative_generate)")
+    if drafter is not None and not drafter.supports_batched:
+        raise UserError(f"batched decoding does not support the '{drafter.config.method}' drafter (its caches "
+                        "cannot hold ragged rows); decode it one sequence at a time (speculative_generate)")
     taps = drafter.config.target_layer_ids if drafter is not None else None
     n_drafts = drafter.config.num_drafts if drafter is not None else 0
     ar = torch.arange(width, device=dev)
@@ -93,9 +94,7 @@ def batched_generate(target, drafter, prompts_ids: list[list[int]], max_new_toke
         vpos = start[:, None] + torch.arange(k, device=dev)
         valid = torch.cat([valid, torch.ones(b, k, dtype=torch.bool, device=dev)], dim=1)
         out = target.forward(verify_ids, cache=cache, taps=taps, attention_mask=valid.long(), position_ids=vpos)
-        pred = out.logits.argmax(-1)                                  # [b, k]
-        match = (drafts == pred[:, :-1]).long()
-        acc = match.cumprod(-1).sum(-1) if drafts.shape[1] else torch.zeros(b, dtype=torch.long, device=dev)
+        acc, nxt = sampling.greedy_accept(drafts, out.logits)
         t2 = time.perf_counter()
         steps += 1
         t_draft, t_verify = t_draft + t1 - t0, t_verify + t2 - t1
@@ -105,13 +104,8 @@ def batched_generate(target, drafter, prompts_ids: list[list[int]], max_new_toke
             if done[r]:
                 keep[r] = 0
                 continue
-            a = int(acc[r])
-            committed = drafts[r, :a].tolist() + [int(pred[r, a])]
-            for j, t in enumerate(committed):                         # nothing after an EOS
-                if t in eos:
-                    committed = committed[: j + 1]
-                    break
-            committed = committed[: budget[r] - len(tokens[r])]
+            committed, _, _ = sampling.commit(drafts[r, : int(acc[r])].tolist(), int(nxt[r]), eos,
+                                              budget[r] - len(tokens[r]))
             tokens[r].extend(committed)
             lengths[r].append(len(committed))
             if tokens[r][-1] in eos or len(tokens[r]) >= budget[r]:

@@ -13,7 +13,7 @@ from transformers import DynamicCache
 
 from ..errors import UserError
 from .records import GenerationResult, StepRecord
-from . import sampling
+from .. import sampling
 
 
 def _prompt_ids(target, prompt, prompt_ids) -> list[int]:
@@ -60,6 +60,7 @@ def speculative_generate(target, drafter=None, prompt: str | None = None, prompt
     n_drafts = 0
     if drafter is not None:
         n_drafts = drafter.config.num_drafts
+        block_size = block_size if block_size is not None else drafter.options.block_size
         if block_size is not None:
             n_drafts = min(n_drafts, block_size if drafter.config.shift_label else block_size - 1)
             if n_drafts < 1:
@@ -103,20 +104,13 @@ def speculative_generate(target, drafter=None, prompt: str | None = None, prompt
         calls += 1
         logits = out.logits[0]
         if greedy:
-            acc, nxt = sampling.greedy_accept(drafts, logits)
+            acc, nxt = (int(x) for x in sampling.greedy_accept(drafts[None], logits[None]))
         else:
             p = sampling.warp_probs(logits, temperature, top_p)
             acc, nxt = sampling.rejection_accept(drafts, draft.q[0] if draft is not None else p[:0], p, gen)
         t2 = time.perf_counter()
 
-        accepted = drafts[:acc].tolist()
-        bonus: int | None = nxt
-        for j, t in enumerate(accepted):        # an accepted EOS ends the text: no bonus after it
-            if t in eos:
-                accepted, bonus, acc = accepted[: j + 1], None, j + 1
-                break
-        committed = accepted + ([bonus] if bonus is not None else [])
-        committed = committed[: max_new_tokens - len(tokens)]
+        committed, acc, bonus = sampling.commit(drafts[:acc].tolist(), nxt, eos, max_new_tokens - len(tokens))
         # Target cache: it now holds start + n + 1 positions; keep the anchor and the accepted drafts.
         cache.crop(-(len(drafts) - acc))
         if taps is not None:

@@ -1,6 +1,7 @@
-"""The step record: the one currency between the engine, benchmarks, MLflow and the dashboard (DESIGN §3).
+"""The step record: the one currency between the engine, benchmarks, MLflow and the dashboard.
 
-Acceptance is computed once, in the engine, and stored here; everything downstream reads it.
+Acceptance is computed once, in the engine, and stored here; everything downstream reads it
+(docs/design.md#step-record).
 """
 from __future__ import annotations
 

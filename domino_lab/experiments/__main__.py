@@ -1,5 +1,9 @@
 """`python -m domino_lab.experiments run NAME [--quick]`: train (or reuse) the spec's drafters, evaluate every
-variant with the real engine, write <out-dir>/NAME.md and NAME.json (tables, plots, the paper's numbers)."""
+variant with the real engine, write <out-dir>/NAME.md and NAME.json (tables, plots, the paper's numbers).
+
+Where things go, from any directory: specs and recipes are the repository's; without --runs-dir the drafters go
+to <repository>/runs/experiments (--quick: runs/experiments-quick), their training data to runs/regenerated and
+the MLflow store to runs/mlflow.db; with --runs-dir X all of that goes under X (drafters directly in X)."""
 from __future__ import annotations
 
 import argparse
@@ -24,16 +28,38 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--quick", action="store_true",
                    help="a few training steps, 2 prompts x 16 tokens: checks the whole path in minutes")
     r.add_argument("--out-dir", help="where NAME.md/.json go (default experiments/results; --quick: "
-                                     "runs/experiments-quick/results)")
-    r.add_argument("--runs-dir", help="trained drafters, shared by experiments (default runs/experiments; "
-                                      "--quick: runs/experiments-quick)")
-    r.add_argument("--tracking-uri", help="MLflow tracking URI for the training runs (default sqlite:///runs/mlflow.db)")
+                                     "<runs-dir>/results)")
+    r.add_argument("--runs-dir", help="trained drafters, shared by experiments, with their training data and MLflow "
+                                      "store (default runs/experiments, data and store in runs/; --quick: "
+                                      "runs/experiments-quick)")
+    r.add_argument("--tracking-uri", help="MLflow tracking URI for the training runs (default "
+                                          "sqlite:///<runs folder>/mlflow.db)")
     r.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
     r.add_argument("--no-progress", action="store_true")
     rep = sub.add_parser("report", help="re-render NAME.md from NAME.json (after editing the spec's reading)")
     rep.add_argument("name")
     rep.add_argument("--out-dir", help="where NAME.json is and NAME.md goes (default experiments/results)")
     return p
+
+
+def results_dir() -> Path:
+    """The committed result tables: the repository's experiments/results, from any directory."""
+    from ..config import repo_root
+
+    return repo_root() / "experiments" / "results"
+
+
+def run_dirs(args) -> tuple[Path, Path, str]:
+    """(drafters folder, runs folder for data and the MLflow store, tracking URI), all absolute. Nothing is
+    created here: a bad spec or override must fail before anything exists."""
+    from ..config import default_runs_dir
+
+    if args.runs_dir:
+        runs_dir = root = Path(args.runs_dir).expanduser().resolve()
+    else:
+        root = default_runs_dir()
+        runs_dir = root / ("experiments-quick" if args.quick else "experiments")
+    return runs_dir, root, args.tracking_uri or f"sqlite:///{root / 'mlflow.db'}"
 
 
 def run(args) -> dict:
@@ -49,13 +75,13 @@ def run(args) -> dict:
     if args.threads:
         torch.set_num_threads(args.threads)
     quick = args.quick
-    out_dir = Path(args.out_dir or ("runs/experiments-quick/results" if quick else "experiments/results"))
-    runs_dir = Path(args.runs_dir or ("runs/experiments-quick" if quick else "runs/experiments"))
+    runs_dir, runs_root, tracking_uri = run_dirs(args)
+    out_dir = Path(args.out_dir) if args.out_dir else (runs_dir / "results" if quick else results_dir())
     if quick:
         spec.seeds = spec.seeds[:1]
         for r in spec.runs:
             r.seeds = r.seeds[:1] if r.seeds else None
-    resolved = resolve_runs(spec, runs_dir, quick, args.tracking_uri, args.overrides)
+    resolved = resolve_runs(spec, runs_dir, quick, tracking_uri, args.overrides, runs_root=runs_root)
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -72,7 +98,7 @@ def run(args) -> dict:
         for v in spec.variants:
             ids = [t.run_id for (name, _), t in trained.items() if name == v.run and t.run_id]
             if ids and v.run not in curves:
-                curves[v.run] = dict(loss_history(ids, tracking_uri=args.tracking_uri), n_runs=len(ids))
+                curves[v.run] = dict(loss_history(ids, tracking_uri=tracking_uri), n_runs=len(ids))
         png = f"{spec.name}_base_loss.png"
         plot_loss_curves(curves, out_dir / png, "Base-logit loss during training (mean over seeds)",
                          "CE of the base (backbone) logits, running mean of 25", skip_steps=2 if quick else 50)
@@ -111,7 +137,7 @@ def report(args) -> None:
     from .training import TrainedRun
 
     spec = load_spec(args.name)
-    out_dir = Path(args.out_dir or "experiments/results")
+    out_dir = Path(args.out_dir) if args.out_dir else results_dir()
     path = out_dir / f"{spec.name}.json"
     try:
         data = json.loads(path.read_text())

@@ -13,7 +13,8 @@ QUICK_EVAL = {"limit": 2, "max_new_tokens": 16}
 def load_variant(v: Variant, run: TrainedRun, target, cache: dict):
     """The drafter a variant evaluates: the run's weights, head on/off, FR-Spec restricted to K tokens."""
     from ..models import load_drafter
-    from ..models.frspec import frequent_tokens_from_dataset, restrict
+    from ..data.regenerate import frequent_tokens_from_dataset
+    from ..models.frspec import restrict
 
     key = (run.path, v.head, v.frspec_k)
     if key not in cache:
@@ -29,7 +30,7 @@ def load_variant(v: Variant, run: TrainedRun, target, cache: dict):
         elif not v.head:
             d = load_drafter(run.path, target)
         if not v.head:
-            if d.head is None:
+            if not d.has_head:
                 from ..errors import UserError
                 raise UserError(f"variant '{v.name}': head: false needs a domino drafter, run '{v.run}' has none")
             d.head_enabled = False
@@ -97,6 +98,6 @@ def head_overheads(spec: ExperimentSpec, trained: dict) -> dict:
         run = trained[(v.run, spec.seeds_of(v)[0])]
         target = target or Target.from_pretrained(run.config.get("target", "default"))
         d = load_variant(v, run, target, cache)
-        if d.head is not None:
+        if d.has_head:
             out[v.name] = head_overhead_ms(d)
     return out

@@ -9,11 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
-
+from ..config import find_file, from_dict, read_yaml
 from ..errors import UserError
 
-SPEC_DIR = Path("experiments/specs")
+SPEC_DIR = "experiments/specs"          # in the repository (or the current directory, if it has one)
 EXTRAS = ("base_loss", "head_overhead")
 
 
@@ -75,12 +74,12 @@ class ExperimentSpec:
 def spec_path(name: str) -> Path:
     p = Path(name)
     if p.suffix in (".yaml", ".yml"):
-        return p
-    return SPEC_DIR / f"{name}.yaml"
+        return find_file(p)
+    return find_file(Path(SPEC_DIR) / f"{name}.yaml")
 
 
 def available() -> list[str]:
-    return sorted(p.stem for p in SPEC_DIR.glob("*.yaml"))
+    return sorted(p.stem for p in find_file(SPEC_DIR).glob("*.yaml"))
 
 
 def load_spec(name: str) -> ExperimentSpec:
@@ -88,24 +87,15 @@ def load_spec(name: str) -> ExperimentSpec:
     if not path.exists():
         names = available()
         raise UserError(f"no experiment '{name}' ({path} does not exist); choose one of {names or '[]'} "
-                        "(run from the repository root) or pass a spec .yaml")
-    try:
-        raw = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as e:
-        raise UserError(f"{path} is not valid YAML: {e}") from None
-    return parse_spec(raw, default_name=path.stem, where=str(path))
+                        "or pass a spec .yaml")
+    return parse_spec(read_yaml(path), default_name=path.stem, where=str(path))
 
 
 def _build(cls, data, where: str):
-    if not isinstance(data, dict):
-        raise UserError(f"{where}: expected a mapping, got {type(data).__name__}")
-    fields = set(cls.__dataclass_fields__)
-    unknown = set(data) - fields
-    if unknown:
-        raise UserError(f"{where}: unknown key(s) {sorted(unknown)}; allowed: {sorted(fields)}")
+    """A typed spec section (the shared config conversion); errors name the file and the key."""
     try:
-        return cls(**data)
-    except TypeError as e:
+        return from_dict(cls, data, what="key")
+    except UserError as e:
         raise UserError(f"{where}: {e}") from None
 
 

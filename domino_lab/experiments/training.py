@@ -35,50 +35,54 @@ class TrainedRun:
 
 
 def run_config(spec: RunSpec, seed: int, runs_dir: Path, quick_data: str | None, tracking_uri: str | None,
-               extra: list[str] = ()):
+               extra: list[str] = (), runs_root: str | Path | None = None):
     """(TrainConfig, sweep config or None) of one run: recipe or sweep trial config, the run's overrides, then the
-    command line's (`extra`, e.g. target=Qwen/Qwen3-8B data.path=...: the same experiment on another target)."""
-    from ..config import load_config
+    command line's (`extra`, e.g. target=Qwen/Qwen3-8B data.path=...: the same experiment on another target).
+    `runs/...` paths of the recipe (its training data) resolve under `runs_root` (default <repository>/runs)."""
+    from ..config import find_file, load_config
     from ..training.config import TrainConfig
 
     sweep = None
     if spec.sweep:
-        from ..sweep import load_sweep_config
-        sweep, _ = load_sweep_config(["--config", spec.sweep])
+        from ..sweep import load_sweep
+        sweep = load_sweep(spec.sweep)
         base, ov = sweep.base_config, list(sweep.overrides) + [f"{k}={json.dumps(v)}" for k, v in spec.params.items()]
     else:
         base = spec.recipe if spec.recipe.endswith((".yaml", ".yml")) else f"experiments/configs/{spec.recipe}.yaml"
-        if not Path(base).exists():
+        if not find_file(base).exists():
             raise UserError(f"run '{spec.name}': no recipe {base}")
         ov = []
     # command-line overrides make different drafters: their own folder, never a default-target run reused by name
     tag = "-" + hashlib.sha1(" ".join(extra).encode()).hexdigest()[:8] if extra else ""
     out = runs_dir / f"{spec.name}-s{seed}{tag}"
-    ov += list(spec.overrides) + list(extra) + [f"seed={seed}", f"out_dir={out}", f"run_name={spec.name}-s{seed}",
-                                  "experiment=experiments", "progress_bar=false"]
+    ov += list(spec.overrides) + list(extra) + [f"seed={seed}", f"out_dir={json.dumps(str(out))}",
+                                                f"run_name={spec.name}-s{seed}", "experiment=experiments",
+                                                "progress_bar=false"]
     if quick_data:
         # the quick head size applies to every run; a run that sweeps rank/g keeps its own values
         keep = {k.split("=")[0] for k in list(spec.params) + [o.split("=")[0] for o in spec.overrides]}
-        ov += [o for o in QUICK_TRAIN if o.split("=")[0] not in keep] + [f"data.path={quick_data}"]
+        ov += [o for o in QUICK_TRAIN if o.split("=")[0] not in keep] + [f"data.path={json.dumps(str(quick_data))}"]
     if tracking_uri:
         ov.append(f"tracking_uri={tracking_uri}")
-    return load_config(TrainConfig, base, ov), sweep
+    return load_config(TrainConfig, base, ov, runs_dir=runs_root), sweep
 
 
 def ensure_data(cfg, target, sweep, quick: bool) -> None:
-    """Regenerate the run's training data when it is missing (the target writes it; resumable)."""
-    from types import SimpleNamespace
-
-    from ..sweep import ensure_training_data
+    """Regenerate the run's training data when it is missing (the target writes it; resumable): as much as the
+    run's sweep asks for, else the recipes' default amount (a small set for --quick)."""
+    from ..data.regenerate import ensure_regenerated
 
     if quick or sweep is None:
         d = QUICK_DATA if quick else DEFAULT_DATA
-        sweep = SimpleNamespace(regen_math=d["math"], regen_code=d["code"], regen_max_new_tokens=d["max_new_tokens"])
-    ensure_training_data(cfg, target, sweep)
+        n_math, n_code, max_new = d["math"], d["code"], d["max_new_tokens"]
+    else:
+        n_math, n_code, max_new = sweep.regen_math, sweep.regen_code, sweep.regen_max_new_tokens
+    ensure_regenerated(cfg.data.path, target, n_math=n_math, n_code=n_code, max_new_tokens=max_new,
+                       target_name=cfg.target, log_prefix="[experiments]")
 
 
 def resolve_runs(spec: ExperimentSpec, runs_dir: Path, quick: bool, tracking_uri: str | None = None,
-                 extra: list[str] = ()) -> list:
+                 extra: list[str] = (), runs_root: str | Path | None = None) -> list:
     """[(run spec, seed, TrainConfig or None, sweep or None)] for every run the variants use; resolving every
     config first means a bad override fails before anything is created or trained."""
     quick_data = str(runs_dir / "quick-data") if quick else None
@@ -89,7 +93,7 @@ def resolve_runs(spec: ExperimentSpec, runs_dir: Path, quick: bool, tracking_uri
             continue
         for seed in sorted({s for v in spec.variants if v.run == r.name for s in spec.seeds_of(v)}):
             cfg, sweep = (None, None) if r.checkpoint else run_config(r, seed, runs_dir, quick_data, tracking_uri,
-                                                                       extra)
+                                                                       extra, runs_root)
             out.append((r, seed, cfg, sweep))
     return out
 

@@ -1,4 +1,7 @@
-"""DrafterConfig: every knob of the parallel backbone and the Domino head, in one typed place."""
+"""DrafterConfig: the drafter's architecture, every knob typed in one place; it is what a checkpoint saves.
+
+How a drafter is *run* (head implementation, candidate pool, block-size cap) is `InferenceOptions`
+(models/options.py), chosen per call and never saved."""
 from __future__ import annotations
 
 import json
@@ -10,15 +13,16 @@ from ..errors import UserError
 if TYPE_CHECKING:
     from ..target import Target
 
-METHODS = ("dflash", "domino", "eagle")
-HEAD_IMPLS = ("fused", "fast", "compiled", "eager")
+# Keys older checkpoints wrote into config.json that are inference options now: read and ignored.
+RUNTIME_KEYS = ("head_impl", "candidate_pool")
 
 
 @dataclass
 class DrafterConfig:
-    method: str = "domino"            # "dflash" = backbone only; "domino" = backbone + Domino head;
-    #                                   "eagle" = EAGLE-3-style autoregressive chain (models/eagle.py)
-    # Backbone (Qwen3-style decoder layers with the target's width; DESIGN §2).
+    method: str = "domino"            # a registered family (models/registry.py): "dflash" = backbone only;
+    #                                   "domino" = backbone + Domino head (models/block.py); "eagle" = EAGLE-3-style
+    #                                   autoregressive chain (models/eagle.py)
+    # Backbone (Qwen3-style decoder layers with the target's width; docs/design.md#the-parallel-backbone).
     hidden_size: int = 256
     num_layers: int = 1
     num_attention_heads: int = 4
@@ -38,16 +42,6 @@ class DrafterConfig:
     # Domino head (ignored for dflash).
     gru_hidden: int = 256             # g
     rank: int = 64                    # r
-    # Inference path of the head (issue 10): "fused" = the greedy rollout as one C++ loop on the CPU (built on first
-    # use, models/head_kernel.py; T > 0, GPUs and machines without a C++ compiler use "fast"); "fast" = precomputed
-    # GRU input table + candidate pool in torch ops; "compiled" = the fast greedy rollout under torch.compile;
-    # "eager" = nn.GRU + full-vocabulary correction (the reference). "fused" is the default because on a CPU the
-    # head's cost is op dispatch, not arithmetic (experiments/results/bench.md, "The head's cost in decoding").
-    # candidate_pool K: score the correction only on the top-K tokens of the block's max base logits; 0 = the full
-    # vocabulary (exact: the eager drafts). 64 on the embedded default: τ equal to the exact head on math and
-    # humaneval, 98.8% agreement on draft 1 (experiments/results/head_pool.md).
-    head_impl: str = "fused"
-    candidate_pool: int = 64
     # FR-Spec: draft only among the K most frequent tokens of the training data (0 = off). The ids live in the
     # checkpoint (buffer `frspec_ids`); base logits (and Domino's W2) are scored on them only, drafts are mapped
     # back to vocabulary ids for verification. See Drafter.set_frspec / domino_lab.models.frspec.
@@ -56,18 +50,13 @@ class DrafterConfig:
     target_fingerprint: dict = field(default_factory=dict)
 
     def __post_init__(self):
-        if self.method not in METHODS:
-            raise UserError(f"unknown drafter method '{self.method}'; use one of {list(METHODS)}")
+        from .registry import family
+
+        family(self.method).check_config(self)     # unknown methods and family-specific rules
         if self.block_size < 1 or (not self.shift_label and self.block_size < 2):
             raise UserError(f"block_size {self.block_size} is too small (needs >= {1 if self.shift_label else 2})")
-        if self.method == "eagle" and self.num_layers != 1:
-            raise UserError(f"the eagle drafter has exactly one decoder layer (EAGLE-3); got num_layers={self.num_layers}")
         if self.num_attention_heads % self.num_key_value_heads:
             raise UserError("num_attention_heads must be a multiple of num_key_value_heads")
-        if self.head_impl not in HEAD_IMPLS:
-            raise UserError(f"unknown head_impl '{self.head_impl}'; use one of {list(HEAD_IMPLS)}")
-        if self.candidate_pool < 0:
-            raise UserError(f"candidate_pool must be >= 0 (0 = full vocabulary), got {self.candidate_pool}")
         if not 0 <= self.frspec_k <= self.vocab_size:
             raise UserError(f"frspec_k must be in [0, vocab_size={self.vocab_size}] (0 = off), got {self.frspec_k}")
         for name in ("num_layers", "gru_hidden", "rank", "head_dim"):
@@ -135,6 +124,7 @@ class DrafterConfig:
     @classmethod
     def from_dict(cls, d: dict) -> "DrafterConfig":
         known = {f.name for f in fields(cls)}
+        d = {k: v for k, v in d.items() if k not in RUNTIME_KEYS}
         unknown = set(d) - known
         if unknown:
             raise UserError(f"drafter config has unknown key(s) {sorted(unknown)}")

@@ -4,8 +4,9 @@ S_i = GRU(E(x_anchor), E(d_1), ..., E(d_i)) with a zero state per block, over th
 embeddings; dL_i = W2 . SiLU(W1 . [H_i ; S_i]); L_i = L_base_i + dL_i; the first draft is uncorrected.
 Correcting logits (not hidden states) avoids a full LM-head pass per sequential step.
 
-Inference paths (DESIGN §8, issue 10):
-- `eager`: nn.GRU and the correction over the full vocabulary, one module call per step (the reference);
+Inference paths, all in this module (docs/design.md#inference-paths-of-the-head):
+- `eager`: nn.GRU and the correction over the full vocabulary, one module call per step (the reference the others
+  are checked against);
 - `fast`: the GRU input projection of every vocabulary row precomputed (a V x 3g table, so a step's input is a
   row gather), W1_H . H_i for all slots in one matmul before the loop, the GRU cell written out, and the
   correction scored only on a candidate pool (top-K of the per-token max base logit over the block's slots;
@@ -25,18 +26,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..decoding.sampling import sample_from
+from ..sampling import sample_from
+from .frspec import q_to_vocab, to_vocab
 from .head_kernel import FusedWeights, fused_greedy_rollout, prepare
 
 
 @dataclass
 class Rollout:
-    tokens: torch.Tensor            # [b, n] drafted ids
-    logits: torch.Tensor            # [b, n, K] final logits over `ids` (K = V when the pool is the vocabulary)
-    ids: torch.Tensor | None        # [b, K] vocabulary ids of the logits' last dim; None = the whole vocabulary
+    tokens: torch.Tensor            # [b, n] drafted vocabulary ids
     q: torch.Tensor | None          # [b, n, V] the exact distributions the drafts were sampled from (T > 0)
-    top: tuple[torch.Tensor, torch.Tensor] | None = None   # (vocabulary ids, values) [b, n, k] of the largest final
-    #                                                        logits (slot 0: over the whole draft vocabulary), if known
+    top: tuple[torch.Tensor, torch.Tensor]   # (vocabulary ids, values) [b, n, k] of the largest final logits
+    #                                          (slot 0 is uncorrected: its base top-k over the draft vocabulary)
 
 
 class DominoHead(nn.Module):
@@ -105,30 +105,34 @@ class DominoHead(nn.Module):
         return self._fused[1]
 
     @torch.no_grad()
-    def rollout(self, h: torch.Tensor, base: torch.Tensor, anchor: torch.Tensor, embed_weight: torch.Tensor,
-                pool: int = 0, temperature: float = 0.0, top_p: float = 1.0,
-                generator: torch.Generator | None = None, impl: str = "fast",
+    def rollout(self, h: torch.Tensor, base: torch.Tensor, anchor: torch.Tensor, embed_weight: torch.Tensor, n: int,
+                base_top: tuple[torch.Tensor, torch.Tensor], pool: int = 0, temperature: float = 0.0,
+                top_p: float = 1.0, generator: torch.Generator | None = None, impl: str = "fast",
                 vocab_ids: torch.Tensor | None = None, topk: int = 5) -> Rollout:
-        """Draft n tokens sequentially with the fast head. h [b, n, H], base [b, n, V], anchor [b].
+        """Draft n tokens sequentially. h [b, m, H], base [b, m, V] (m >= n slots), anchor [b]; base_top: the base
+        top-k (vocabulary ids, values) [b, n, k], which is slot 0's final top-k (draft 0 is uncorrected).
 
-        With a pool of K tokens the corrected logits exist only on the pool: drafts 1.. are drawn from the pool
-        (greedy: its argmax; T > 0: softmax over the pool, so q is exactly the distribution sampled from and
-        rejection sampling stays lossless). Draft 0 is uncorrected and uses the full base logits.
+        impl: "eager" (nn.GRU, full-vocabulary correction: the reference), "fast" (torch ops), "compiled"
+        (torch.compile) or "fused" (the C++ loop of head_kernel.py); the latter two apply to greedy drafting and
+        fall back to "fast" where they cannot run.
 
-        impl: "fast" (torch ops), "compiled" (torch.compile) or "fused" (the C++ loop of head_kernel.py); the
-        latter two apply to greedy drafting and fall back to "fast" where they cannot run. The fused loop also
-        returns each slot's top-`topk` final logits (`Rollout.top`).
+        The fast paths score the correction on a pool of K tokens: drafts 1.. are drawn from the pool (greedy: its
+        argmax; T > 0: softmax over the pool, so q is exactly the distribution sampled from and rejection sampling
+        stays lossless). Draft 0 uses the full base logits.
 
         FR-Spec (`vocab_ids` [K'] sorted vocabulary ids): `base` is over that subset only and the rollout runs in
-        it (W2 restricted to its rows, the pool drawn from it); drafted tokens and returned `ids` are vocabulary
-        ids, and q is zero outside the subset.
+        it (W2 restricted to its rows, the pool drawn from it); drafted tokens are vocabulary ids, and q is zero
+        outside the subset.
         """
+        if impl == "eager":
+            return self._eager_rollout(h, base, anchor, embed_weight, n, temperature, top_p, generator, vocab_ids,
+                                       topk)
         if temperature <= 0 and impl == "fused":
             fw = self.fused_weights(embed_weight)
-            out = None if fw is None else fused_greedy_rollout(fw, h, base, anchor, pool, vocab_ids, topk)
+            out = None if fw is None else fused_greedy_rollout(fw, h[:, :n], base[:, :n], anchor, pool, vocab_ids,
+                                                               topk)
             if out is not None:
-                tokens, logits, ids, top = out
-                return Rollout(tokens, logits, _vocab_ids(ids, vocab_ids, base.shape[0]), None, top)
+                return Rollout(out[0], None, out[3])
         table, w_s, w1_h = self.fast_weights(embed_weight)
         w2 = self.w2.weight
         if vocab_ids is not None:
@@ -136,8 +140,9 @@ class DominoHead(nn.Module):
         if temperature <= 0:
             fn = compiled_greedy_rollout(h.device) if impl == "compiled" else greedy_rollout
             tokens, logits, ids = fn(table, w_s, w1_h, w2, h, base, anchor, pool, vocab_ids)
-            return Rollout(tokens, logits, ids, None)
-        b, n, _ = base.shape
+            return Rollout(tokens[:, :n], None, _final_top(logits[:, :n], ids, base_top, topk))
+        h, base = h[:, :n], base[:, :n]
+        b = base.shape[0]
         V = embed_weight.shape[0]
         hw, ids, w2t, scores = _pool(h, w1_h, w2, base, pool)
         full_ids = _vocab_ids(ids, vocab_ids, b)      # vocabulary id of every logit column (None = identity)
@@ -161,7 +166,43 @@ class DominoHead(nn.Module):
             else:
                 q[:, i].scatter_(-1, cols, probs)
             tokens[:, i] = tok
-        return Rollout(tokens, logits_out, full_ids, q)
+        return Rollout(tokens, q, _final_top(logits_out, full_ids, base_top, topk))
+
+    def _eager_rollout(self, h, base, anchor, embed_weight, n, temperature, top_p, generator, vocab_ids, topk
+                       ) -> Rollout:
+        """The reference: nn.GRU one token at a time, the correction over the whole (draft) vocabulary."""
+        tokens, finals, qs = [], [], []
+        state = None
+        prev = anchor
+        for i in range(n):
+            logits = base[:, i]
+            # The GRU has now consumed [anchor, d_0..d_{i-1}]; draft 0 has nothing to condition on.
+            state = self.step(F.embedding(prev, embed_weight), state)
+            if i > 0:
+                delta = self.correction(h[:, i], state)
+                logits = logits + (delta if vocab_ids is None else delta[:, vocab_ids])
+            tok, q = sample_from(logits, temperature, top_p, generator)
+            tok = to_vocab(tok, vocab_ids)
+            tokens.append(tok)
+            finals.append(logits)
+            qs.append(q_to_vocab(q, vocab_ids, embed_weight.shape[0]))
+            prev = tok
+        ft = torch.stack(finals, dim=1).topk(min(topk, base.shape[-1]), dim=-1)
+        q = torch.stack(qs, dim=1) if temperature > 0 else None
+        return Rollout(torch.stack(tokens, dim=1), q, (to_vocab(ft.indices, vocab_ids), ft.values))
+
+
+def _final_top(logits: torch.Tensor, ids: torch.Tensor | None, base_top, k: int):
+    """Top-k (vocabulary ids, values) of final logits [b, n, K] whose columns are the vocabulary ids `ids` [b, K]
+    (None: the whole vocabulary). Slot 0 is uncorrected: over a pool its final top-k is the base top-k, which
+    ranks the whole draft vocabulary instead of the pool."""
+    ft = logits.topk(min(k, logits.shape[-1]), dim=-1)
+    f_ids = ft.indices if ids is None else ids.unsqueeze(1).expand_as(logits).gather(-1, ft.indices)
+    f_vals = ft.values
+    if ids is not None and f_vals.shape[-1] == base_top[0].shape[-1]:
+        f_ids, f_vals = f_ids.clone(), f_vals.clone()
+        f_ids[:, 0], f_vals[:, 0] = base_top[0][:, 0], base_top[1][:, 0]
+    return f_ids, f_vals
 
 
 def _vocab_ids(ids: torch.Tensor | None, vocab_ids: torch.Tensor | None, b: int) -> torch.Tensor | None:

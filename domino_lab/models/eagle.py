@@ -1,5 +1,5 @@
 """EAGLE-3-style autoregressive drafter (method `eagle`): the sequential baseline the block drafters are
-compared against (reference/dflash_eagle.md §4).
+compared against (docs/design.md#the-eagle-style-chain).
 
 - fused taps g = fc(concat(h_low, h_mid, h_high)) (k*H -> H, no bias);
 - ONE decoder layer over [input_layernorm(E(x_{i+1})) ; hidden_norm(g_i)] (q/k/v take 2H inputs, as EAGLE-3),
@@ -21,8 +21,13 @@ import torch.nn.functional as F
 from torch import nn
 from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3RMSNorm, Qwen3RotaryEmbedding
 
+from ..errors import UserError
+from ..sampling import sample_from
 from .backbone import qwen3_config, rope
 from .config import DrafterConfig
+from .drafter import BlockBatch, Draft, Drafter, draft_labels
+from .frspec import q_to_vocab, to_vocab
+from .registry import register
 
 
 class EagleAttention(nn.Module):
@@ -114,12 +119,72 @@ def ttt_hidden(model: EagleModel, embed, ctx_feats: torch.Tensor, input_ids: tor
     return torch.stack(outs, dim=2)
 
 
-def eagle_blocks(drafter, ctx_feats, input_ids, anchors):
-    """Hidden states [b, N, n, H] of the n chain steps drafted after each anchor a (draft j predicts x_{a+1+j}):
-    the chain starts at row a-1 (feature of x_{a-1}, embedding of the anchor x_a). Anchor 0 has no row before
-    it; the caller marks it invalid."""
-    rows = (anchors - 1).clamp(min=0)
-    return ttt_hidden(drafter.backbone, drafter.embed, ctx_feats, input_ids, drafter.config.num_drafts, rows)
+@register("eagle")
+class EagleDrafter(Drafter):
+    """The chain: one layer step per draft, its own previous output as the feature after step 0."""
+    supports_batched = False     # its caches hold draft rows per sequence; the ragged batched decoder has none
+
+    @classmethod
+    def check_config(cls, config: DrafterConfig) -> None:
+        if config.num_layers != 1:
+            raise UserError(f"the eagle drafter has exactly one decoder layer (EAGLE-3); got "
+                            f"num_layers={config.num_layers}")
+
+    def build(self, config: DrafterConfig) -> None:
+        self.chain = EagleModel(config)
+        # checkpoints written before the families were split named this module `backbone`
+        self._register_load_state_dict_pre_hook(_legacy_chain_keys)
+
+    def body_parts(self) -> dict[str, nn.Module]:
+        return {"backbone": self.chain}
+
+    @torch.no_grad()
+    def draft(self, ctx_feats, ctx_start, anchor, start, cache, n=None, temperature=0.0, top_p=1.0, generator=None,
+              topk=5, key_valid=None, ctx_ids=None) -> Draft:
+        """Single sequence only: the batched decoder asks `supports_batched` and refuses eagle."""
+        n = self.config.num_drafts if n is None else min(n, self.config.num_drafts)
+        if anchor.shape[0] != 1 or key_valid is not None or torch.as_tensor(start).numel() != 1:
+            raise UserError("the eagle drafter decodes one sequence at a time; use speculative_generate "
+                            "(batched decoding supports the block drafters)")
+        if ctx_feats is None or ctx_feats.shape[1] == 0 or ctx_ids is None:
+            raise UserError("the eagle drafter needs the newly committed positions' features and token ids "
+                            "(ctx_feats, ctx_ids) at every draft call")
+        vm = self.draft_vocab
+        tokens, logits_all, qs = [], [], []
+
+        def pick(i: int, hidden: torch.Tensor) -> torch.Tensor:
+            logits = self.draft_lm_head(hidden)                      # [1, V] (FR-Spec: [1, K])
+            tok, q = sample_from(logits, temperature, top_p, generator)
+            tok = to_vocab(tok, vm)
+            tokens.append(tok)
+            logits_all.append(logits)
+            qs.append(q_to_vocab(q, vm, self.config.vocab_size))
+            return tok
+
+        eagle_chain(self, ctx_feats, ctx_ids, anchor, int(torch.as_tensor(start).reshape(-1)[0]), cache, n, pick)
+        lg = torch.stack(logits_all, dim=1)
+        t = lg.topk(min(topk, lg.shape[-1]), dim=-1)
+        top = (to_vocab(t.indices, vm), t.values)        # one set of logits: base = final
+        q = torch.stack(qs, dim=1) if temperature > 0 else None
+        return Draft(torch.stack(tokens, dim=1), q, top, top)
+
+    def training_blocks(self, ctx_feats, input_ids, loss_mask, anchors, keep, prefix_mode="teacher_forcing"
+                        ) -> BlockBatch:
+        """Training-time test: n chain steps from each anchor, ground-truth tokens with the drafter's own features
+        after step 0 (prefix_mode does not apply: that is EAGLE-3's training). Step j, read at the row before the
+        anchor a, predicts x_{a+1+j}: the same [b, N, n, V] layout as the block drafters'."""
+        n = self.config.num_drafts
+        labels, valid = draft_labels(input_ids, loss_mask, anchors, keep, n)
+        valid = valid & (anchors >= 1)[:, :, None]          # the chain starts at the row before the anchor
+        rows = (anchors - 1).clamp(min=0)
+        logits = self.lm_head(ttt_hidden(self.chain, self.embed, ctx_feats, input_ids, n, rows))
+        prefix = torch.cat([input_ids.gather(1, anchors)[:, :, None], labels[:, :, :-1]], dim=-1)
+        return BlockBatch(logits, logits, labels, valid, prefix)
+
+
+def _legacy_chain_keys(state_dict, prefix, *_):
+    for k in [k for k in state_dict if k.startswith(prefix + "backbone.")]:
+        state_dict[prefix + "chain." + k[len(prefix + "backbone."):]] = state_dict.pop(k)
 
 
 @torch.no_grad()
@@ -130,7 +195,7 @@ def eagle_chain(drafter, ctx_feats: torch.Tensor, ctx_ids: torch.Tensor, anchor:
     hidden state into the drafted token (greedy / sampled, FR-Spec mapping: the caller's business)."""
     from transformers import DynamicCache
 
-    model = drafter.backbone
+    model = drafter.chain
     cache = cache if cache is not None else DynamicCache()     # no cache given (microbenchmarks): a local one
     c = ctx_feats.shape[1]
     dev = anchor.device

@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable
 
+import torch
+
 from ..errors import UserError
 
 
@@ -29,11 +31,17 @@ def frequent_tokens(rows: Iterable[dict], k: int, vocab_size: int) -> list[int]:
     return sorted(ranked)
 
 
-def frequent_tokens_from_dataset(path: str, k: int, vocab_size: int) -> list[int]:
-    """`frequent_tokens` over a dataset written by `python -m domino_lab.regenerate`."""
-    from ..regenerate import load_regenerated
+def to_vocab(ids: torch.Tensor, vocab_ids: torch.Tensor | None) -> torch.Tensor:
+    """Draft-vocabulary indices -> vocabulary ids (vocab_ids None: the draft vocabulary is the vocabulary)."""
+    return ids if vocab_ids is None else vocab_ids[ids]
 
-    return frequent_tokens(load_regenerated(path), k, vocab_size)
+
+def q_to_vocab(q: torch.Tensor | None, vocab_ids: torch.Tensor | None, vocab_size: int) -> torch.Tensor | None:
+    """A distribution over the draft vocabulary [..., K] -> over the vocabulary [..., V] (zero elsewhere)."""
+    if vocab_ids is None or q is None:
+        return q
+    out = q.new_zeros(*q.shape[:-1], vocab_size)
+    return out.scatter_(-1, vocab_ids.expand_as(q), q)
 
 
 def restrict(drafter, ids):
@@ -48,5 +56,5 @@ def restrict(drafter, ids):
     missing, unexpected = d.load_state_dict(state, strict=False)
     if set(missing) != {"frspec_ids"} or unexpected:
         raise UserError(f"cannot restrict this drafter's vocabulary: state mismatch {missing} {unexpected}")
-    d.head_enabled = drafter.head_enabled
+    d.head_enabled, d.options = drafter.head_enabled, drafter.options
     return d.set_frspec(ids).eval()

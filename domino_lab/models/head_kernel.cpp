@@ -1,4 +1,4 @@
-// The Domino head's greedy rollout as one CPU loop (head_impl = "fused", issue 10).
+// The Domino head's greedy rollout as one CPU loop (head_impl = "fused"; docs/design.md#head-inference-paths).
 //
 // Same arithmetic as domino_head.greedy_rollout: pool = top-K of the per-token max base logit over the block's
 // slots; S_0 = GRU(E x_anchor) from a zero state; for every later slot the GRU consumes the previous draft (its

@@ -1,29 +1,45 @@
 """TrainConfig: one typed recipe for drafter training (YAML in experiments/configs/, CLI overrides key=value)."""
 from __future__ import annotations
 
+import dataclasses
+import typing
 from dataclasses import dataclass, field
 
+from ..config import path_field
+from ..models.config import DrafterConfig
 from .schedules import LambdaConfig
 
 
-@dataclass
-class DrafterOptions:
-    method: str = "domino"                 # dflash | domino | eagle (EAGLE-3-style chain, same token budget)
-    num_layers: int = 1
-    block_size: int = 8
-    gru_hidden: int = 256                  # g
-    rank: int = 64                         # r
-    shift_label: bool = True
-    target_layer_ids: list[int] | None = None   # None: num_taps layers spread from 1 to L-3
-    num_taps: int = 3
-    intermediate_size: int | None = None   # None: the target's
-    init_from: str | None = None           # warm start from a drafter directory (same target)
-    frspec_k: int = 0                      # FR-Spec: draft among the K most frequent response tokens (0 = off)
+def _drafter_overrides() -> type:
+    """`TrainConfig.drafter`: every DrafterConfig field as an optional override (None = what
+    DrafterConfig.for_target derives from the target, or DrafterConfig's own default), plus two training-only keys.
+    Generated from DrafterConfig, so the architecture's fields and defaults are written once."""
+    hints = typing.get_type_hints(DrafterConfig)
+    own = [(f.name, hints[f.name] | None, field(default=None))
+           for f in dataclasses.fields(DrafterConfig) if f.name != "target_fingerprint"]
+    return dataclasses.make_dataclass("DrafterOverrides", own + [
+        ("num_taps", int, field(default=3)),              # taps spread from layer 1 to L-3 when target_layer_ids is None
+        ("init_from", str | None, field(default=None)),   # warm start from a drafter directory (same target)
+    ], namespace={"__module__": __name__})
+
+
+DrafterOverrides = _drafter_overrides()
+
+
+def drafter_config(overrides, target) -> DrafterConfig:
+    """The DrafterConfig `overrides` (a DrafterOverrides) describe for `target`."""
+    from ..target import default_tap_layers
+
+    over = {k: v for k, v in dataclasses.asdict(overrides).items()
+            if v is not None and k not in ("num_taps", "init_from")}
+    if "target_layer_ids" not in over:
+        over["target_layer_ids"] = default_tap_layers(target.num_layers, overrides.num_taps)
+    return DrafterConfig.for_target(target, over.pop("method", "domino"), **over)
 
 
 @dataclass
 class DataOptions:
-    path: str = "runs/regenerated/default"  # a dataset written by `python -m domino_lab.regenerate`
+    path: str = path_field("runs/regenerated/default")  # written by `python -m domino_lab.regenerate`
     val_fraction: float = 0.05
     max_length: int = 512
     batch_size: int = 8
@@ -62,15 +78,15 @@ class TrainConfig:
     dtype: str = "float32"
     seed: int = 0
     max_steps: int = 1000
-    drafter: DrafterOptions = field(default_factory=DrafterOptions)
+    drafter: DrafterOverrides = field(default_factory=DrafterOverrides)
     data: DataOptions = field(default_factory=DataOptions)
     loss: LossOptions = field(default_factory=LossOptions)
     optim: OptimOptions = field(default_factory=OptimOptions)
     eval: EvalOptions = field(default_factory=EvalOptions)
-    out_dir: str = "runs/train/domino"
+    out_dir: str = path_field("runs/train/domino")   # runs/...: under the runs folder
     experiment: str = "domino-lab"
     run_name: str | None = None
-    tracking_uri: str | None = None        # None: sqlite:///<repo runs>/mlflow.db
+    tracking_uri: str | None = None        # None: sqlite:///<repository>/runs/mlflow.db
     accelerator: str = "auto"
     devices: int | str = 1
     num_nodes: int = 1

@@ -74,7 +74,7 @@ class DrafterDataModule(pl.LightningDataModule):
     def setup(self, stage: str | None = None) -> None:
         if self.train_rows:
             return
-        from ..regenerate import load_regenerated
+        from ..data.regenerate import load_regenerated
 
         ds = load_regenerated(self.cfg.path)
         keep = []

@@ -11,9 +11,10 @@ import torch
 from transformers import get_cosine_schedule_with_warmup
 
 from ..decoding import speculative_generate
+from ..decoding.metrics import StepTally
 from ..models import Drafter, DrafterConfig
 from .config import TrainConfig, default_gamma
-from .objective import forward_blocks, sample_anchors, weighted_ce
+from .objective import sample_anchors, weighted_ce
 from .schedules import make_schedule
 
 
@@ -53,18 +54,18 @@ class DrafterModule(pl.LightningModule):
         with torch.no_grad():
             feats = self.target.forward(ids, taps=self.drafter.config.target_layer_ids).features
         anchors, keep = sample_anchors(lm, self.cfg.loss.num_anchors, self._anchor_gen)
-        return forward_blocks(self.drafter, feats, ids, lm, anchors, keep, prefix_mode)
+        return self.drafter.training_blocks(feats, ids, lm, anchors, keep, prefix_mode)
 
     def lambda_now(self) -> float:
-        if self.drafter.head is None:
-            return 1.0          # dflash: the base term is the whole loss
+        if not self.drafter.has_head:
+            return 1.0          # no correction: the base term is the whole loss
         return self.schedule(self.global_step + 1, self.cfg.max_steps)
 
     def training_step(self, batch, batch_idx):
         bb = self._blocks(batch, self.cfg.loss.prefix_mode)
         lam = self.lambda_now()
         loss_base = weighted_ce(bb.logits_base, bb.labels, bb.valid, self.gamma)
-        if self.drafter.head is None:
+        if not self.drafter.has_head:
             loss, loss_final = loss_base, loss_base
         else:
             loss_final = weighted_ce(bb.logits_final, bb.labels, bb.valid, self.gamma)
@@ -102,7 +103,8 @@ class DrafterModule(pl.LightningModule):
         self.log("val/draft_ms", stats["draft_ms"], sync_dist=True)
         self.log("val/verify_ms", stats["verify_ms"], sync_dist=True)
         for i, a in enumerate(stats["accept_pos"]):
-            self.log(f"val/accept_pos_{i}", a, sync_dist=True)
+            if a is not None:        # a position no step reached has no acceptance to log
+                self.log(f"val/accept_pos_{i}", a, sync_dist=True)
 
     # ---- optimisation ----------------------------------------------------------------------------
     def configure_optimizers(self):
@@ -116,28 +118,15 @@ class DrafterModule(pl.LightningModule):
 
 @torch.no_grad()
 def measure_tau(target, drafter, prompts: list[list[int]], max_new_tokens: int) -> dict:
-    """τ and per-position acceptance (conditional on reaching the position) from real greedy decoding."""
+    """τ, per-position acceptance and draft/verify ms (decoding.metrics) from real greedy decoding."""
     was_training = drafter.training
     drafter.eval()
-    lengths, draft_s, verify_s = [], [], []
-    n = drafter.config.num_drafts
-    reached, accepted = [0] * n, [0] * n
+    tally = StepTally(drafter.config.num_drafts)
     for p in prompts:
-        res = speculative_generate(target, drafter, prompt_ids=p, max_new_tokens=max_new_tokens)
-        for s in res.steps:
-            lengths.append(s.acceptance_length)
-            draft_s.append(s.draft_time_s)
-            verify_s.append(s.verify_time_s)
-            for i in range(len(s.draft_tokens)):
-                if i > s.accepted:
-                    break
-                reached[i] += 1
-                accepted[i] += int(i < s.accepted)
+        tally.add(speculative_generate(target, drafter, prompt_ids=p, max_new_tokens=max_new_tokens).steps)
     drafter.train(was_training)
-    return {"tau": sum(lengths) / max(1, len(lengths)),
-            "draft_ms": 1000 * sum(draft_s) / max(1, len(draft_s)),
-            "verify_ms": 1000 * sum(verify_s) / max(1, len(verify_s)),
-            "accept_pos": [a / r if r else 0.0 for a, r in zip(accepted, reached)]}
+    out = tally.summary()
+    return out | {"tau": out["tau"] or 0.0, "draft_ms": out["draft_ms"] or 0.0, "verify_ms": out["verify_ms"] or 0.0}
 
 
 def _plain(obj):

@@ -5,16 +5,33 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-REPO_RUNS = Path.cwd() / "runs"
+SQLITE = "sqlite:///"
 
 
-def default_tracking_uri() -> str:
-    REPO_RUNS.mkdir(parents=True, exist_ok=True)
-    return f"sqlite:///{(REPO_RUNS / 'mlflow.db').resolve()}"
+def default_tracking_uri(runs_dir: str | Path | None = None) -> str:
+    """sqlite:///<runs_dir>/mlflow.db, runs_dir defaulting to <repository>/runs (not the current directory)."""
+    from ..config import default_runs_dir
+
+    root = Path(runs_dir).expanduser() if runs_dir is not None else default_runs_dir()
+    root.mkdir(parents=True, exist_ok=True)
+    return f"{SQLITE}{(root / 'mlflow.db').resolve()}"
 
 
-def default_artifact_location(experiment: str) -> str:
-    return (REPO_RUNS / "mlartifacts" / experiment).resolve().as_uri()
+def default_artifact_location(experiment: str, tracking_uri: str | None = None,
+                              runs_dir: str | Path | None = None) -> str | None:
+    """Where a new experiment keeps its artifacts: next to a SQLite store (<store's folder>/mlartifacts/<experiment>),
+    under the runs folder for another database store (<runs_dir>/mlartifacts/<experiment>; default
+    <repository>/runs), and wherever a tracking server decides (None). MLflow's own default would be ./mlruns of
+    whatever directory the process happens to run in."""
+    uri = tracking_uri or default_tracking_uri(runs_dir)
+    if uri.startswith(SQLITE):
+        return (Path(uri[len(SQLITE):]).resolve().parent / "mlartifacts" / experiment).as_uri()
+    if uri.split(":", 1)[0].split("+", 1)[0] in ("postgresql", "mysql", "mssql", "sqlite"):
+        from ..config import default_runs_dir
+
+        root = Path(runs_dir).expanduser().resolve() if runs_dir is not None else default_runs_dir()
+        return (root / "mlartifacts" / experiment).as_uri()
+    return None
 
 
 def make_logger(tracking_uri: str | None, experiment: str, run_name: str | None, out_dir: Path,
@@ -25,8 +42,7 @@ def make_logger(tracking_uri: str | None, experiment: str, run_name: str | None,
     run_file = out_dir / "mlflow_run.json"
     run_id = json.loads(run_file.read_text())["run_id"] if resume and run_file.exists() else None
     logger = MLFlowLogger(experiment_name=experiment, run_name=run_name, tracking_uri=uri, run_id=run_id,
-                          tags=tags, artifact_location=default_artifact_location(experiment)
-                          if uri.startswith("sqlite") else None)
+                          tags=tags, artifact_location=default_artifact_location(experiment, uri))
     return logger
 
 

@@ -1,42 +1,11 @@
-"""SweepConfig and the search space: YAML -> Optuna `suggest_*` calls, validated before any trial runs."""
+"""The search space: YAML -> Optuna `suggest_*` calls, validated before any trial runs; samplers and pruners."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import UserError
+from ..errors import UserError
 
 PARAM_TYPES = ("int", "float", "categorical", "fixed")
-
-
-@dataclass
-class SweepConfig:
-    study_name: str = "domino-default"
-    base_config: str | None = "experiments/configs/domino.yaml"
-    overrides: list[str] = field(default_factory=list)
-    n_trials: int = 6                      # per worker process (Optuna counts per optimize() call)
-    # study-wide goal: every worker stops once the study holds this many finished (complete or pruned)
-    # trials, so a re-run after a kill, or several workers, continue to this count instead of adding n_trials
-    total_trials: int | None = None
-    timeout_min: float | None = None
-    storage: str | None = None             # None: sqlite under out_dir; postgresql://... for many workers
-    out_dir: str = "runs/sweeps"           # --runs-dir: optuna.db, trial checkpoints, plots, summary
-    target: str | None = None              # overrides the base recipe's target
-    seed: int | None = None                # sampler seed and every trial's training seed
-    # a killed worker's RUNNING trial is marked FAIL (and retried once) when its heartbeat is this stale
-    heartbeat_interval: int = 30
-    grace_period: int = 90
-    experiment: str = "domino-lab-sweeps"
-    tracking_uri: str | None = None
-    sampler: dict = field(default_factory=lambda: {"type": "tpe", "seed": 0})
-    pruner: dict = field(default_factory=lambda: {"type": "median"})
-    objectives: list[str] = field(default_factory=lambda: ["tau"])    # tau | draft_ms
-    space: dict = field(default_factory=dict)
-    enqueue_defaults: bool = True          # trial 0 = the base recipe's own values, the baseline to beat
-    # training data, created on first use when missing (embedded default: regenerate it)
-    regen_math: int = 1200
-    regen_code: int = 600
-    regen_max_new_tokens: int = 160
 
 
 def validate_space(space: dict) -> None:
@@ -58,6 +27,13 @@ def validate_space(space: dict) -> None:
         extra = set(spec) - {"type", "low", "high", "log", "step", "choices", "value"}
         if extra:
             raise UserError(f"space.{name}: unknown key(s) {sorted(extra)}")
+
+
+def probe_values(space: dict) -> dict[str, Any]:
+    """One admissible value per parameter (fixed value, first choice, low end): enough to check the names."""
+    return {name: (spec.get("value") if spec["type"] == "fixed" else
+                   spec["choices"][0] if spec["type"] == "categorical" else spec["low"])
+            for name, spec in space.items()}
 
 
 def suggest(trial, space: dict) -> dict[str, Any]:

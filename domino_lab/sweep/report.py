@@ -2,10 +2,20 @@
 from __future__ import annotations
 
 import json
+import os
 import warnings
 from pathlib import Path
 
 import optuna
+
+from ..errors import atomic_path
+
+
+def _readable(path: Path) -> None:
+    # atomic_path's temporary files are private (0600); a summary is for everyone the umask allows
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, 0o666 & ~umask)
 
 
 def _fmt(v):
@@ -39,7 +49,9 @@ def _plots(study, out: Path, space: dict) -> list[Path]:
             fig = (ax.flat[0] if hasattr(ax, "flat") else ax).get_figure()
             fig.set_size_inches(max(6, fig.get_size_inches()[0]), 4.5)
             path = out / f"{fname}.png"
-            fig.savefig(path, dpi=100, bbox_inches="tight")
+            with atomic_path(path, suffix=".png") as tmp:     # a reader never sees half a picture
+                fig.savefig(tmp, dpi=100, bbox_inches="tight")
+                _readable(tmp)
             plt.close(fig)
             made.append(path)
         except (ValueError, RuntimeError, ZeroDivisionError) as e:   # e.g. too few trials for importances
@@ -90,7 +102,7 @@ def write_report(study, sweep, out_dir: Path, client, parent: str, tracking_uri:
             answer += (f" The base recipe's own values (trial {base['trial']}) reach τ = {base['values'][0]:.3f}; "
                        f"the best is {gain:+.1f}%.")
         answer += (" One seed and a short budget per trial: confirm a winner over several seeds before "
-                   "calling it (DESIGN §8).")
+                   "calling it (docs/design.md#laptop-scale-evidence).")
         if best.user_attrs.get("best_dir"):
             answer += f" Best drafter: {best.user_attrs['best_dir']}"
     lines.append(f"# Sweep `{sweep.study_name}`\n\n{answer}\n")
@@ -110,11 +122,17 @@ def write_report(study, sweep, out_dir: Path, client, parent: str, tracking_uri:
     plots = _plots(study, plots_dir, sweep.space)
     lines.append("\n" + how + "\n")
     lines.append("\n".join(f"![{p.stem}](plots/{p.name})" for p in plots))
-    (out_dir / "summary.md").write_text("\n".join(lines) + "\n")
+    # summaries are replaced whole: several workers finishing together each write them, and a reader (the app,
+    # a user's editor) never sees a half-written file
+    with atomic_path(out_dir / "summary.md") as tmp:
+        tmp.write_text("\n".join(lines) + "\n")
+        _readable(tmp)
     answer = answer + "\n" + "\n".join(l for l in lines[1:] if l.startswith("|")) + "\n" + how
     summary = {"study": sweep.study_name, "counts": counts, "trials": rows, "answer": answer,
                "summary_md": str(out_dir / "summary.md"), "plots": [str(p) for p in plots]}
-    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+    with atomic_path(out_dir / "summary.json") as tmp:
+        tmp.write_text(json.dumps(summary, indent=2, default=str))
+        _readable(tmp)
     client.log_artifact(parent, str(out_dir / "summary.md"))
     for p in plots:
         client.log_artifact(parent, str(p), "plots")

@@ -1,4 +1,5 @@
-"""Sampling and the two verification rules (greedy longest-prefix; standard speculative sampling)."""
+"""Sampling, the two verification rules (greedy longest prefix; standard speculative sampling) and the commit
+rule. A leaf module: the drafters (models/) sample with it and the decoders (decoding/) verify with it."""
 from __future__ import annotations
 
 import torch
@@ -27,13 +28,28 @@ def sample_from(logits: torch.Tensor, temperature: float, top_p: float = 1.0,
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1), probs
 
 
-def greedy_accept(drafts: torch.Tensor, target_logits: torch.Tensor) -> tuple[int, int]:
-    """drafts [n], target_logits [n+1, V] -> (accepted count, the target's own next token)."""
+def greedy_accept(drafts: torch.Tensor, target_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """drafts [b, n], target_logits [b, n+1, V] -> (accepted count [b], the target's own next token [b]).
+
+    A draft is accepted while it equals the target's argmax at its position; the target's argmax after the
+    last accepted draft is the bonus token."""
     best = target_logits.argmax(-1)
-    n = drafts.shape[0]
-    match = (drafts == best[:n]).long()
-    acc = int(match.cumprod(0).sum()) if n else 0
-    return acc, int(best[acc])
+    acc = (drafts == best[:, :-1]).long().cumprod(-1).sum(-1)
+    return acc, best.gather(1, acc[:, None]).squeeze(1)
+
+
+def commit(accepted: list[int], bonus: int | None, eos: set[int] | frozenset[int], room: int
+           ) -> tuple[list[int], int, int | None]:
+    """The tokens a verify step adds to the output: the accepted drafts plus the bonus, cut after the first EOS
+    (an accepted EOS ends the text: no bonus after it) and to `room` tokens of budget.
+
+    Returns (committed, accepted drafts kept, bonus or None)."""
+    for j, t in enumerate(accepted):
+        if t in eos:
+            accepted, bonus = accepted[: j + 1], None
+            break
+    committed = accepted + ([bonus] if bonus is not None else [])
+    return committed[:room], len(accepted), bonus
 
 
 def rejection_accept(drafts: torch.Tensor, q: torch.Tensor, p: torch.Tensor,

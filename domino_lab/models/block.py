@@ -1,0 +1,119 @@
+"""Block drafters: the parallel backbone proposes a whole block in one pass (method `dflash`), optionally followed
+by the Domino head, which restores the dependencies inside the block (method `domino`).
+
+docs/design.md#the-parallel-backbone and #the-domino-head give the equations.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..sampling import sample_from
+from .backbone import Backbone, block_attention_mask
+from .config import DrafterConfig
+from .domino_head import DominoHead
+from .drafter import BlockBatch, Draft, Drafter, draft_labels
+from .frspec import q_to_vocab, to_vocab
+from .registry import register
+
+PREFIX_MODES = ("teacher_forcing", "ttt")
+
+
+@register("dflash")
+class BlockDrafter(Drafter):
+    """The backbone alone: every slot drafts its own marginal argmax (or sample)."""
+
+    def build(self, config: DrafterConfig) -> None:
+        self.backbone = Backbone(config)
+        self.head = None
+
+    def body_parts(self) -> dict[str, nn.Module]:
+        return {"backbone": self.backbone, **({"head": self.head} if self.head is not None else {})}
+
+    # ---- inference -----------------------------------------------------------------------------
+    @torch.no_grad()
+    def draft(self, ctx_feats, ctx_start, anchor, start, cache, n=None, temperature=0.0, top_p=1.0, generator=None,
+              topk=5, key_valid=None, ctx_ids=None) -> Draft:
+        cfg = self.config
+        n = cfg.num_drafts if n is None else min(n, cfg.num_drafts)
+        b = anchor.shape[0]
+        dev = anchor.device
+        block_ids = torch.full((b, cfg.block_size), cfg.mask_token_id, dtype=torch.long, device=dev)
+        block_ids[:, 0] = anchor
+        start = torch.as_tensor(start, device=dev).reshape(-1, 1)
+        block_pos = (start + torch.arange(cfg.block_size, device=dev)).expand(b, -1)
+        ctx_pos = None
+        if ctx_feats is not None:
+            ctx_start = torch.as_tensor(ctx_start, device=dev)
+            ctx_pos = ctx_start if ctx_start.dim() == 2 else (      # [b, C]: every slot's own position
+                ctx_start.reshape(-1, 1) + torch.arange(ctx_feats.shape[1], device=dev)).expand(b, -1)
+        mask = key_valid[:, None, None, :] if key_valid is not None else None    # broadcast over heads, queries
+        hs = self.backbone(self.embed(block_ids), block_pos, ctx_feats, ctx_pos, mask=mask, cache=cache)
+        if cache is not None:
+            cache.crop(-cfg.block_size)      # keep context K/V only; block K/V are recomputed every round
+        impl = self.options.head_impl
+        # the compiled rollout always drafts every slot (one graph per shape); it keeps the first n itself
+        m = cfg.num_drafts if self.uses_head and impl == "compiled" and temperature <= 0 else n
+        h = hs[:, cfg.first_draft_slot: cfg.first_draft_slot + m]
+        base = self.draft_lm_head(h)         # [b, m, V] (FR-Spec: [b, m, K]): all slots in one parallel pass
+        vm = self.draft_vocab
+        k = min(topk, base.shape[-1])
+        bt = base[:, :n].topk(k, dim=-1)
+        bt = (to_vocab(bt.indices, vm), bt.values)
+        if not self.uses_head:               # no correction: the final logits are the base logits
+            base = base[:, :n]
+            tokens, q = sample_from(base.flatten(0, 1), temperature, top_p, generator)
+            q = q_to_vocab(q.view(*base.shape), vm, cfg.vocab_size) if q is not None else None
+            return Draft(to_vocab(tokens.view(base.shape[:2]), vm), q, bt, bt)
+        r = self.head.rollout(h, base, anchor, self.target.embed_tokens.weight, n, bt, self.options.candidate_pool,
+                              temperature, top_p, generator, impl=impl, vocab_ids=vm, topk=k)
+        return Draft(r.tokens, r.q, bt, r.top)
+
+    # ---- training ------------------------------------------------------------------------------
+    def training_blocks(self, ctx_feats, input_ids, loss_mask, anchors, keep, prefix_mode="teacher_forcing"
+                        ) -> BlockBatch:
+        """Keys are [context (S target features) | block_0 | ... | block_{N-1}]: each block `[x_a, MASK, ...]` at
+        positions a..a+B-1 sees context strictly before its anchor and its own slots only. Draft i of the block at
+        anchor a predicts x_{a+1+i} in both label conventions (see DrafterConfig.shift_label)."""
+        cfg = self.config
+        b, s = input_ids.shape
+        n_blk, bs, n = anchors.shape[1], cfg.block_size, cfg.num_drafts
+        dev = input_ids.device
+        offs = torch.arange(bs, device=dev)
+        block_ids = torch.full((b, n_blk, bs), cfg.mask_token_id, dtype=torch.long, device=dev)
+        block_ids[:, :, 0] = input_ids.gather(1, anchors)
+        block_pos = (anchors[:, :, None] + offs).reshape(b, n_blk * bs)
+        mask = block_attention_mask(anchors, keep, s, bs)
+        ctx_pos = torch.arange(s, device=dev).expand(b, -1)
+        hs = self.backbone(self.embed(block_ids.reshape(b, -1)), block_pos, ctx_feats, ctx_pos, mask=mask)
+        hs = hs.view(b, n_blk, bs, -1)[:, :, cfg.first_draft_slot: cfg.first_draft_slot + n]
+
+        labels, valid = draft_labels(input_ids, loss_mask, anchors, keep, n)
+
+        h = hs.reshape(b * n_blk, n, -1)
+        base = self.lm_head(h)    # training scores the full vocabulary (FR-Spec restricts drafting only)
+        if prefix_mode == "teacher_forcing":
+            # ground truth x_a, x_{a+1}, ..., x_{a+n-1}: the GRU input before draft i is the true token
+            prefix = torch.cat([block_ids[:, :, :1], labels[:, :, :-1]], dim=-1)
+        elif prefix_mode == "ttt":
+            # the drafter's own (detached) base argmax tokens: what it would have drafted itself
+            own = base.detach().argmax(-1).view(b, n_blk, n)
+            prefix = torch.cat([block_ids[:, :, :1], own[:, :, :-1]], dim=-1)
+        else:
+            raise ValueError(f"prefix_mode must be one of {PREFIX_MODES}")
+        if self.uses_head:
+            final = self.head.corrected_logits(h, base, self.embed(prefix.reshape(b * n_blk, n)))
+        else:
+            final = base
+        v = base.shape[-1]
+        return BlockBatch(base.view(b, n_blk, n, v), final.view(b, n_blk, n, v), labels, valid, prefix)
+
+
+@register("domino")
+class DominoDrafter(BlockDrafter):
+    """The backbone + the Domino head: drafts 1.. are corrected by the GRU over the drafted prefix."""
+    has_head = True
+
+    def build(self, config: DrafterConfig) -> None:
+        super().build(config)
+        self.head = DominoHead(config.hidden_size, config.gru_hidden, config.rank, config.vocab_size)

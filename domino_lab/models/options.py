@@ -1,0 +1,51 @@
+"""Inference options: how a trained drafter is run, never what it is. They are chosen per call by the CLIs, the
+bench and the dashboard and are not saved with a checkpoint (DrafterConfig is the architecture; it is)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import UserError
+
+HEAD_IMPLS = ("fused", "fast", "compiled", "eager")
+
+
+@dataclass
+class InferenceOptions:
+    # The Domino head's inference path (docs/design.md#inference-paths-of-the-head): "fused" = the greedy rollout
+    # as one C++ loop on the CPU (T > 0, GPUs and machines without a C++ compiler fall back to "fast"); "fast" =
+    # precomputed GRU input table + candidate pool in torch ops; "compiled" = the fast greedy rollout under
+    # torch.compile; "eager" = nn.GRU + full-vocabulary correction (the reference the others are checked against).
+    head_impl: str = "fused"
+    # Score the head's correction only on the top-K tokens of the block's per-token max base logits; 0 = the full
+    # vocabulary (exact). 64 keeps τ equal to the exact head on the embedded default
+    # (experiments/results/head_pool.md).
+    candidate_pool: int = 64
+    # At most this many slots per block (the drafter's architecture sets the maximum); None = all of them.
+    block_size: int | None = None
+
+    def __post_init__(self):
+        if self.head_impl not in HEAD_IMPLS:
+            raise UserError(f"unknown head implementation '{self.head_impl}'; use one of {list(HEAD_IMPLS)}")
+        if self.candidate_pool < 0:
+            raise UserError(f"candidate pool must be >= 0 (0 = full vocabulary), got {self.candidate_pool}")
+        if self.block_size is not None and self.block_size < 1:
+            raise UserError(f"block size must be >= 1, got {self.block_size}")
+
+    @classmethod
+    def from_args(cls, args) -> "InferenceOptions":
+        """From the flags `add_inference_args` defines (absent flags keep the defaults)."""
+        kw = {k: getattr(args, k, None) for k in ("head_impl", "candidate_pool", "block_size")}
+        return cls(**{k: v for k, v in kw.items() if v is not None})
+
+
+def add_inference_args(p, block_size: bool = False) -> None:
+    """--head-impl / --candidate-pool (and --block-size) for every CLI that runs a drafter."""
+    p.add_argument("--head-impl", default=None, choices=HEAD_IMPLS,
+                   help="Domino head inference path: fused (one C++ loop, CPU greedy; the default), fast (table + pool "
+                        "in torch ops), compiled (torch.compile), eager (reference)")
+    p.add_argument("--candidate-pool", type=int, default=None,
+                   help="score the head's correction on the top-K candidates only (0 = full vocabulary, exact; "
+                        "default 64)")
+    if block_size:
+        p.add_argument("--block-size", type=int, default=None,
+                       help="use at most this many slots of each block (default: all the drafter has)")

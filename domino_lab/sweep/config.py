@@ -1,0 +1,107 @@
+"""SweepConfig (a sweep YAML, experiments/sweeps/*.yaml), read and checked by `load_sweep` before any study,
+data or run exists, and `trial_config`: the TrainConfig of one trial."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..config import default_runs_dir, load_config, path_field
+from ..errors import UserError
+from .space import probe_values, validate_space
+
+DEFAULT_SWEEP = "experiments/sweeps/default.yaml"
+OBJECTIVES = ("tau", "draft_ms")
+
+
+@dataclass
+class SweepConfig:
+    study_name: str = "domino-default"
+    base_config: str | None = "experiments/configs/domino.yaml"
+    overrides: list[str] = field(default_factory=list)
+    n_trials: int = 6                      # per worker process (Optuna counts per optimize() call)
+    # study-wide goal: every worker stops once the study holds this many finished (complete or pruned)
+    # trials, so a re-run after a kill, or several workers, continue to this count instead of adding n_trials
+    total_trials: int | None = None
+    timeout_min: float | None = None
+    storage: str | None = None             # None: sqlite under out_dir; postgresql://... for many workers
+    # the runs folder: `runs/...` paths of the recipe (training data), the default MLflow store
+    # (<runs_dir>/mlflow.db and mlartifacts/); None: <repository>/runs. --runs-dir sets it and out_dir.
+    runs_dir: str | None = None
+    out_dir: str = path_field("runs/sweeps")   # optuna.db, trial checkpoints, plots, summary
+    target: str | None = None              # overrides the base recipe's target
+    seed: int | None = None                # sampler seed and every trial's training seed
+    # a killed worker's RUNNING trial is marked FAIL (and retried once) when its heartbeat is this stale
+    heartbeat_interval: int = 30
+    grace_period: int = 90
+    experiment: str = "domino-lab-sweeps"
+    tracking_uri: str | None = None        # None: sqlite:///<runs_dir>/mlflow.db
+    sampler: dict = field(default_factory=lambda: {"type": "tpe", "seed": 0})
+    pruner: dict = field(default_factory=lambda: {"type": "median"})
+    objectives: list[str] = field(default_factory=lambda: ["tau"])    # tau | draft_ms
+    space: dict = field(default_factory=dict)
+    enqueue_defaults: bool = True          # trial 0 = the base recipe's own values, the baseline to beat
+    # training data, created on first use when missing (embedded default: regenerate it)
+    regen_math: int = 1200
+    regen_code: int = 600
+    regen_max_new_tokens: int = 160
+
+
+def load_sweep(path: str | Path | None = DEFAULT_SWEEP, overrides: list[str] = (),
+               runs_dir: str | Path | None = None) -> SweepConfig:
+    """The sweep YAML at `path` with `key=value` overrides, checked: the space, the objectives, and every swept
+    name being a real training option (so a typo fails now, before any study or data is created).
+    `runs_dir` puts everything the sweep writes under one folder: it is both the runs folder and out_dir."""
+    overrides = list(overrides)
+    if runs_dir is not None:
+        root = Path(runs_dir).expanduser().resolve()
+        overrides += [f"runs_dir={json.dumps(str(root))}", f"out_dir={json.dumps(str(root))}"]
+    cfg = load_config(SweepConfig, path, overrides)
+    cfg.runs_dir = str(Path(cfg.runs_dir).expanduser().resolve()) if cfg.runs_dir else str(default_runs_dir())
+    validate_space(cfg.space)
+    if cfg.seed is not None:
+        cfg.sampler = dict(cfg.sampler, seed=cfg.seed)
+    try:
+        trial_config(cfg, probe_values(cfg.space), 0)
+    except UserError as e:
+        raise UserError(f"sweep {path}: {e}") from None
+    if cfg.n_trials < 1:
+        raise UserError("n_trials must be >= 1")
+    bad = set(cfg.objectives) - set(OBJECTIVES)
+    if bad or not cfg.objectives:
+        raise UserError(f"objectives must be a non-empty subset of {list(OBJECTIVES)}, got {cfg.objectives}")
+    return cfg
+
+
+def trial_config(sweep: SweepConfig, params: dict, trial_number: int):
+    """The TrainConfig of one trial: base recipe, sweep overrides, then the sampled values."""
+    from ..training.config import TrainConfig
+
+    out = Path(sweep.out_dir) / sweep.study_name / f"trial_{trial_number:04d}"
+    ov = list(sweep.overrides) + [f"{k}={json.dumps(v)}" for k, v in params.items()]
+    ov += [f"out_dir={json.dumps(str(out))}", f"run_name=trial-{trial_number}", f"experiment={sweep.experiment}",
+           "progress_bar=false"]     # the sweep prints its own progress; per-trial bars are noise
+    if sweep.tracking_uri:
+        ov.append(f"tracking_uri={sweep.tracking_uri}")
+    if sweep.target:
+        ov.append(f"target={sweep.target}")
+    if sweep.seed is not None:
+        ov.append(f"seed={sweep.seed}")
+    return load_config(TrainConfig, sweep.base_config, ov, runs_dir=sweep.runs_dir)
+
+
+def base_values(base_cfg, space: dict) -> dict:
+    """The base recipe's own values for the swept parameters (enqueued as the baseline trial)."""
+    out = {}
+    for name, spec in space.items():
+        node = base_cfg
+        for part in name.split("."):
+            node = getattr(node, part, None)
+        if node is None or spec["type"] == "fixed":
+            continue
+        if spec["type"] == "categorical" and node not in spec["choices"]:
+            continue
+        if spec["type"] in ("int", "float") and not spec["low"] <= node <= spec["high"]:
+            continue
+        out[name] = node
+    return out

@@ -1,0 +1,296 @@
+"""The study runner behind `python -m domino_lab.sweep`: storage, MLflow parent/child runs, the objective,
+pruning, and the end-of-sweep report.
+
+    prepare(sweep)      what every worker shares, made once (idempotent, safe when workers start together):
+                        the Optuna storage and study, the baseline trial, the MLflow experiment and the study's
+                        parent run, the training data
+    run_worker(sweep)   prepare, then trials until this worker's budget (or the study's total) is spent; writes
+                        the summary and plots and returns the summary
+"""
+from __future__ import annotations
+
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+
+import optuna
+from lightning.pytorch.loggers import MLFlowLogger
+from mlflow.exceptions import MlflowException
+from mlflow.tracking import MlflowClient
+from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
+from optuna_integration import PyTorchLightningPruningCallback
+
+from ..errors import UserError
+from ..training.tracking import default_artifact_location, default_tracking_uri
+from .config import SweepConfig, base_values, trial_config
+from .space import make_pruner, make_sampler, suggest
+
+DIRECTIONS = {"tau": "maximize", "draft_ms": "minimize"}
+SETUP_LOCK_KEY = 0x646F6D696E6F     # pg_advisory_lock key ("domino") serialising table creation
+DONE_STATES = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)   # trials that count
+PARENT_ATTR = "mlflow_parent_run_id"
+
+
+class StepPruningCallback(PyTorchLightningPruningCallback):
+    """optuna-integration's callback reports at the *epoch*; we validate every N steps inside long epochs,
+    so report at the global step instead (single-process trials; the parent class handles DDP)."""
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        if self.is_ddp_backend or trainer.sanity_checking:
+            return super().on_validation_end(trainer, pl_module)
+        score = trainer.callback_metrics.get(self.monitor)
+        if score is None:
+            return
+        self._trial.report(float(score), step=trainer.global_step)
+        if self._trial.should_prune():
+            raise optuna.TrialPruned(f"pruned at step {trainer.global_step} ({self.monitor}={float(score):.3f})")
+
+
+def plain_step_ms(target, cfg, n_prompts: int = 3, new_tokens: int = 32) -> float:
+    """Plain greedy decoding: ms per target step on validation prompts (the speedup baseline)."""
+    from ..decoding import speculative_generate
+    from ..training.datamodule import DrafterDataModule
+
+    dm = DrafterDataModule(cfg.data, seed=cfg.seed)
+    dm.setup()
+    prompts = dm.tau_prompts(n_prompts)
+    speculative_generate(target, None, prompt_ids=prompts[0], max_new_tokens=4)      # warm-up
+    steps = [s for p in prompts for s in speculative_generate(target, None, prompt_ids=p,
+                                                              max_new_tokens=new_tokens).steps]
+    return 1000 * sum(s.verify_time_s for s in steps) / max(1, len(steps))
+
+
+def _first_line(e: Exception) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0]
+
+
+class SweepRunner:
+    """One worker's view of a sweep: `prepare()` then `run_worker()` (the module functions do both)."""
+
+    def __init__(self, sweep: SweepConfig):
+        self.sweep = sweep
+        self.dir = Path(sweep.out_dir) / sweep.study_name
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise UserError(f"cannot create sweep folder {self.dir}: {e.strerror}") from None
+        self.storage_url = sweep.storage or f"sqlite:///{(Path(sweep.out_dir) / 'optuna.db').resolve()}"
+        self.tracking_uri = sweep.tracking_uri or default_tracking_uri(sweep.runs_dir)
+        with self._setup_lock():
+            self.client = MlflowClient(self.tracking_uri)      # creates MLflow's tables if the file is new
+        self.base = trial_config(sweep, {}, 0)
+        self.study = None
+        self.parent = None
+        self.target = None
+        self.t_ar_ms = None
+
+    # ---- shared state, made once --------------------------------------------------------------------
+    def prepare(self, target=None) -> "SweepRunner":
+        from ..data.regenerate import ensure_regenerated
+        from ..target import Target
+
+        with self._setup_lock():
+            self.study = self._study()
+            self._enqueue_baseline()
+        self.target = target or Target.from_pretrained(self.base.target, dtype=self.base.dtype)
+        ensure_regenerated(self.base.data.path, self.target, n_math=self.sweep.regen_math,
+                           n_code=self.sweep.regen_code, max_new_tokens=self.sweep.regen_max_new_tokens,
+                           target_name=self.base.target, log_prefix="[sweep]")
+        with self._setup_lock():
+            self.parent = self._parent_run()
+        return self
+
+    def _storage(self):
+        try:
+            # heartbeats let a restarted study mark trials of a killed worker as failed and retry them
+            return optuna.storages.RDBStorage(
+                self.storage_url, heartbeat_interval=self.sweep.heartbeat_interval,
+                grace_period=self.sweep.grace_period,
+                heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=1))
+        except Exception as e:   # bad URL, unreachable server, missing driver: one clear line
+            raise UserError(f"cannot open Optuna storage {self.storage_url}: {_first_line(e)}") from None
+
+    @contextmanager
+    def _setup_lock(self):
+        """Workers started together on fresh databases race to create the tables (Optuna's and MLflow's), on
+        PostgreSQL too ("duplicate key ... pg_type_typname_nsp_index"), the study, the experiment and the parent
+        run: one at a time. A file lock covers the workers of this machine; a PostgreSQL advisory lock covers
+        workers on other machines too. Every get-or-create below also survives a lost race without the lock."""
+        with self._file_lock(), self._server_locks():
+            yield
+
+    @contextmanager
+    def _file_lock(self):
+        try:
+            import fcntl
+        except ImportError:      # not POSIX: no lock
+            yield
+            return
+        with open(self.dir / ".setup.lock", "w") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(f, fcntl.LOCK_UN)
+
+    @contextmanager
+    def _server_locks(self):
+        """A session-level pg_advisory_lock on every PostgreSQL database in use (Optuna's, and MLflow's when
+        the tracking URI is a database rather than a server); closing the connection releases it."""
+        import sqlalchemy as sa
+
+        urls = sorted({u for u in (self.storage_url, self.tracking_uri) if u.startswith("postgresql")})
+        conns = []
+        try:
+            for url in urls:
+                try:
+                    conn = sa.create_engine(url, poolclass=sa.pool.NullPool).connect()
+                except Exception as e:   # bad URL, unreachable server, missing driver: one clear line
+                    what = "Optuna storage" if url == self.storage_url else "MLflow tracking URI"
+                    raise UserError(f"cannot open {what} {url}: {_first_line(e)}") from None
+                conns.append(conn)
+                conn.execute(sa.text("SELECT pg_advisory_lock(:key)"), {"key": SETUP_LOCK_KEY})
+            yield
+        finally:
+            for conn in reversed(conns):
+                conn.close()
+
+    def _study(self):
+        directions = [DIRECTIONS[o] for o in self.sweep.objectives]
+        storage = self._storage()
+        kw = dict(study_name=self.sweep.study_name, storage=storage, sampler=make_sampler(self.sweep.sampler),
+                  pruner=make_pruner(self.sweep.pruner))
+        try:
+            study = optuna.create_study(load_if_exists=True, directions=directions, **kw)
+        except optuna.exceptions.DuplicatedStudyError:
+            # another worker created it between Optuna's lookup and its insert: it exists now, load it
+            study = optuna.load_study(**kw)
+        if [d.name.lower() for d in study.directions] != directions:
+            raise UserError(f"study '{self.sweep.study_name}' exists with other objectives; use another --study-name")
+        return study
+
+    def _enqueue_baseline(self) -> None:
+        """Trial 0 of a new study: the base recipe's own values, the baseline to beat (called under the lock, so
+        workers starting together enqueue it once)."""
+        baseline = base_values(self.base, self.sweep.space)
+        swept = [k for k, v in self.sweep.space.items() if v["type"] != "fixed"]
+        if self.sweep.enqueue_defaults and set(baseline) == set(swept) and not self.study.trials:
+            self.study.enqueue_trial(baseline, user_attrs={"baseline": True})
+
+    def _experiment_id(self) -> str:
+        name = self.sweep.experiment
+        exp = self.client.get_experiment_by_name(name)
+        if exp is not None:
+            return exp.experiment_id
+        try:
+            return self.client.create_experiment(
+                name, artifact_location=default_artifact_location(name, self.tracking_uri, self.sweep.runs_dir))
+        except MlflowException:
+            exp = self.client.get_experiment_by_name(name)    # created by another worker in the meantime
+            if exp is None:
+                raise
+            return exp.experiment_id
+
+    def _reload_study(self):
+        return optuna.load_study(study_name=self.study.study_name, storage=self.study._storage)
+
+    def _parent_run(self) -> str:
+        run_id = self.study.user_attrs.get(PARENT_ATTR) or self._reload_study().user_attrs.get(PARENT_ATTR)
+        if run_id:
+            return run_id
+        run = self.client.create_run(self._experiment_id(), run_name=f"study-{self.sweep.study_name}",
+                                     tags={"optuna.study": self.sweep.study_name, "sweep.parent": "true"})
+        self.study.set_user_attr(PARENT_ATTR, run.info.run_id)
+        # a worker outside our locks (another machine on a SQLite copy, or no lock support) may have raced us:
+        # whoever wrote last wins, the loser's run is marked as such
+        winner = self._reload_study().user_attrs[PARENT_ATTR]
+        if winner != run.info.run_id:
+            self.client.set_terminated(run.info.run_id, "KILLED")
+        return winner
+
+    def _finished_trials(self, study) -> int:
+        return len(study.get_trials(deepcopy=False, states=DONE_STATES))
+
+    def _update_parent_status(self, study) -> None:
+        """The parent run is RUNNING while the study has work left and FINISHED once it reached its trial count
+        (total_trials; without one, when no trial is running or waiting any more)."""
+        if self.sweep.total_trials:
+            done = self._finished_trials(study) >= self.sweep.total_trials
+        else:
+            pending = (optuna.trial.TrialState.RUNNING, optuna.trial.TrialState.WAITING)
+            done = not study.get_trials(deepcopy=False, states=pending)
+        status = "FINISHED" if done else "RUNNING"
+        try:
+            if self.client.get_run(self.parent).info.status != status:
+                if done:
+                    self.client.set_terminated(self.parent, status)      # also records the end time
+                else:
+                    self.client.update_run(self.parent, status=status)
+        except MlflowException as e:     # the report still stands; say why the status did not change
+            print(f"[sweep] could not set the parent run's status to {status}: {_first_line(e)}", file=sys.stderr)
+
+    # ---- one trial ------------------------------------------------------------------------------------
+    def objective(self, trial):
+        from ..train import train
+
+        params = suggest(trial, self.sweep.space)
+        cfg = trial_config(self.sweep, params, trial.number)
+        cfg.tracking_uri = self.tracking_uri
+        logger = MLFlowLogger(experiment_name=self.sweep.experiment, run_name=f"trial-{trial.number}",
+                              tracking_uri=self.tracking_uri,
+                              tags={MLFLOW_PARENT_RUN_ID: self.parent, "optuna.study": self.sweep.study_name,
+                                    "optuna.trial": str(trial.number)})
+        logger.log_hyperparams({f"trial.{k}": v for k, v in params.items()})
+        trial.set_user_attr("mlflow_run_id", logger.run_id)
+        callbacks = [StepPruningCallback(trial, monitor="val/tau")] if len(self.sweep.objectives) == 1 else []
+        try:
+            res = train(cfg, extra_callbacks=callbacks, logger=logger, target=self.target)
+        except optuna.TrialPruned:
+            logger.experiment.set_tag(logger.run_id, "optuna.state", "PRUNED")
+            logger.experiment.set_terminated(logger.run_id, "KILLED")
+            raise
+        logger.experiment.set_tag(logger.run_id, "optuna.state", "COMPLETE")
+        trial.set_user_attr("best_dir", res["best_dir"])
+        if res["best_tau"] is None:
+            raise UserError("a trial finished without a validation; set eval.every_n_steps <= max_steps")
+        values = {"tau": res["best_tau"], "draft_ms": res["best_draft_ms"]}
+        if self.t_ar_ms and res.get("best_draft_ms") is not None and res.get("best_verify_ms") is not None:
+            # the speculative cost model: tokens per step × plain step time / speculative step time
+            trial.set_user_attr("speedup_est", res["best_tau"] * self.t_ar_ms /
+                                (res["best_draft_ms"] + res["best_verify_ms"]))
+        out = [values[o] for o in self.sweep.objectives]
+        return out[0] if len(out) == 1 else out
+
+    # ---- the worker ------------------------------------------------------------------------------------
+    def run_worker(self) -> dict:
+        from .report import write_report
+
+        if self.study is None:
+            self.prepare()
+        study = self.study
+        self.t_ar_ms = plain_step_ms(self.target, self.base)
+        n_trials, callbacks = self.sweep.n_trials, []
+        if self.sweep.total_trials:
+            n_trials = max(0, min(n_trials, self.sweep.total_trials - self._finished_trials(study)))
+            callbacks.append(optuna.study.MaxTrialsCallback(self.sweep.total_trials, states=DONE_STATES))
+        if n_trials:
+            self._update_parent_status(study)
+            study.optimize(self.objective, n_trials=n_trials, callbacks=callbacks,
+                           timeout=self.sweep.timeout_min * 60 if self.sweep.timeout_min else None,
+                           catch=(RuntimeError,), gc_after_trial=True, show_progress_bar=True)
+        final = self._reload_study()
+        summary = write_report(final, self.sweep, self.dir, self.client, self.parent, self.tracking_uri,
+                               self.storage_url, self.base.max_steps)
+        self._update_parent_status(final)
+        return summary
+
+
+def prepare(sweep: SweepConfig, target=None) -> SweepRunner:
+    """Create what the workers of a sweep share (see the module docstring); running it again changes nothing.
+    Returns the prepared runner, which `run_worker` can continue with."""
+    return SweepRunner(sweep).prepare(target=target)
+
+
+def run_worker(sweep: SweepConfig, runner: SweepRunner | None = None) -> dict:
+    """One worker: prepare (unless `runner` is prepared already), run trials, write the report; the summary."""
+    return (runner or SweepRunner(sweep)).run_worker()
