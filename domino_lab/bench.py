@@ -52,7 +52,7 @@ class Bench:
         from .decoding import speculative_generate
         from .decoding.metrics import StepTally
 
-        if method in OURS:
+        if method in OURS or method in self.drafters:
             res = speculative_generate(self.target, self.drafters.get(method), prompt_ids=ids,
                                        max_new_tokens=self.max_new)
             n = self.drafters[method].config.num_drafts if method in self.drafters else 0
@@ -144,7 +144,9 @@ def bench_batched(b: Bench, prompts: list[dict], sizes: list[int], ref: dict | N
     from .decoding.batched import batched_generate
 
     ids = [b.target.encode(p["prompt"]) for p in prompts]
-    methods = [m for m in b.methods if m in OURS and m not in HEAD_VARIANTS]   # the head's cost shows at batch 1
+    # our decoders that batch (the head's cost shows at batch 1, so its variants are left out here)
+    methods = [m for m in b.methods if (m == "ar" or (m in b.drafters and b.drafters[m].supports_batched))
+               and m not in HEAD_VARIANTS]
     batched_generate(b.target, None, ids[:2], 4)                       # warm-up
     out: dict = {}
     for size in sizes:
@@ -234,6 +236,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--domino", default="default", help="drafter for `domino` (checkpoint dir or shipped name)")
     p.add_argument("--dflash", default="default-dflash", help="drafter for `dflash`")
     p.add_argument("--assistant", default="default-assistant", help="assistant model for `hf-assisted`")
+    p.add_argument("--drafter", action="append", default=[], metavar="LABEL=SPEC",
+                   help="also bench this drafter as method LABEL (repeat): a checkpoint dir or shipped name of any "
+                        "registered method, or untrained:METHOD")
     from .models.options import add_inference_args
     add_inference_args(p)
     p.add_argument("--prompt-lookup-tokens", type=int, default=10)
@@ -291,15 +296,23 @@ def main(argv: list[str] | None = None) -> int:
     from .target import Target
 
     options = InferenceOptions.from_args(args)
-    target = Target.from_pretrained(args.target, dtype=args.dtype)
-    drafters = {m: load_drafter(getattr(args, m), target, options=options) for m in ("dflash", "domino")
-                if m in args.methods}
+    # drafter slot -> (spec, options): the two named slots, the head variants of `domino`, then --drafter LABEL=SPEC
+    specs = {m: (getattr(args, m), options) for m in ("dflash", "domino") if m in args.methods}
     for m, (impl, pool) in HEAD_VARIANTS.items():
         if m in args.methods:
-            variant = replace(options, head_impl=impl, candidate_pool=options.candidate_pool if pool is None else pool)
-            drafters[m] = load_drafter(args.domino, target, options=variant)
+            specs[m] = (args.domino, replace(options, head_impl=impl,
+                                             candidate_pool=options.candidate_pool if pool is None else pool))
+    extra = []
+    for item in args.drafter:
+        label, sep, spec = item.partition("=")
+        if not sep or not label or not spec or label in METHODS or label in extra:
+            raise UserError(f"--drafter {item!r} must be LABEL=SPEC with a new label (not one of {list(METHODS)})")
+        specs[label] = (spec, options)
+        extra.append(label)
+    target = Target.from_pretrained(args.target, dtype=args.dtype)
+    drafters = {m: load_drafter(spec, target, options=o) for m, (spec, o) in specs.items()}
     assistant = load_assistant(args.assistant, target, args.dtype) if "hf-assisted" in args.methods else None
-    methods = [m for m in METHODS if m in args.methods]
+    methods = [m for m in METHODS if m in args.methods] + extra
     if "ar" not in methods:
         methods.insert(0, "ar")     # the reference for losslessness and speedup
     b = Bench(target, methods, drafters, assistant, args.max_new_tokens, args.prompt_lookup_tokens)
@@ -309,8 +322,7 @@ def main(argv: list[str] | None = None) -> int:
     meta = {"command": "python -m domino_lab.bench " + " ".join(argv if argv is not None else sys.argv[1:]),
             "machine": f"{platform.machine()}, {__import__('os').cpu_count()} CPUs, {torch.get_num_threads()} torch "
                        f"threads, torch {torch.__version__}", "date": time.strftime("%Y-%m-%d %H:%M"),
-            "target": args.target, "drafters": {m: args.domino if m in HEAD_VARIANTS else getattr(args, m)
-                                                for m in drafters},
+            "target": args.target, "drafters": {m: spec for m, (spec, _) in specs.items()},
             "domino_head": asdict(drafters["domino"].options) if "domino" in drafters else None,
             "max_new_tokens": args.max_new_tokens, "wall_s": round(time.time() - started, 1)}
     from .config import default_runs_dir

@@ -44,10 +44,11 @@ def test_quick_bench_writes_table_json_and_checks_losslessness(dirs, tmp_path, c
     out = tmp_path / "bench"
     argv = ["--target", tdir, "--dtype", "float64", "--sets", prompts, "--quick", "--out", str(out),
             "--domino", str(root / "domino"), "--dflash", str(root / "dflash"), "--assistant", adir,
-            "--batch-sizes", "1", "2", "--candidate-pool", "0", "--mlflow", "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}"]
+            "--batch-sizes", "1", "2", "--candidate-pool", "0", "--mlflow", "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}",
+            "--drafter", "chain=untrained:eagle"]      # any registered method, under its own label
     assert main(argv) == 0
     res = json.loads((out / "bench.json").read_text())["results"]["prompts"]
-    methods = {"ar", "hf", "hf-prompt-lookup", "hf-assisted", "dflash", "domino-eager", "domino"}
+    methods = {"ar", "hf", "hf-prompt-lookup", "hf-assisted", "dflash", "domino-eager", "domino", "chain"}
     assert methods <= set(res)
     for m in methods - {"ar"}:
         assert res[m]["lossless"]["equal"] == res[m]["lossless"]["total"] == 2, m
@@ -61,6 +62,7 @@ def test_quick_bench_writes_table_json_and_checks_losslessness(dirs, tmp_path, c
     assert res["domino-eager"]["tau"] == pytest.approx(res["domino"]["tau"])
     batched = json.loads((out / "bench.json").read_text())["batched"]["prompts"]
     for size in ("1", "2"):
+        # the eagle chain does not batch (Drafter.supports_batched): batched rows are the block drafters only
         assert {m: r["lossless"] for m, r in batched[size].items()} == {"ar": 2, "dflash": 2, "domino": 2}
     md = (out / "bench.md").read_text()
     assert "| hf-assisted |" in md and "equals `ar`" in md
@@ -74,7 +76,10 @@ def test_bench_bad_input_is_one_clear_line(dirs, tmp_path, capsys):
     for argv, msg in ((["--sets", "nope"], "nope"),
                       (["--sets", prompts, "--target", tdir, "--methods", "ar", "hf-assisted", "--assistant",
                         str(tmp_path / "missing")], "assistant"),
-                      (["--max-new-tokens", "0"], "--max-new-tokens")):
+                      (["--max-new-tokens", "0"], "--max-new-tokens"),
+                      (["--sets", prompts, "--target", tdir, "--drafter", "domino=untrained:eagle"], "LABEL=SPEC"),
+                      (["--sets", prompts, "--target", tdir, "--methods", "ar", "--drafter", "x=untrained:nope"],
+                       "unknown drafter method")):
         with pytest.raises(SystemExit) as e:
             run_cli(main, argv + ["--out", str(tmp_path / "o")])
         err = [x for x in capsys.readouterr().err.splitlines() if x.startswith("error:")]
