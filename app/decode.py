@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from domino_lab.decoding import GenerationResult, StepRecord, speculative_generate
 from domino_lab.errors import UserError
+from domino_lab.validation import check_seed
 from domino_lab.decoding.metrics import StepTally
 
 TOPK_STORED = 32          # top-k kept per position by the engine (the inspector shows the first few)
@@ -46,6 +47,7 @@ class Request:
             raise UserError(f"block size must be between 1 and {MAX_BLOCK}")
         if not 0.0 <= self.temperature <= 2.0:
             raise UserError("temperature must be between 0 and 2")
+        check_seed(self.seed)
         return self
 
 

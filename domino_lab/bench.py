@@ -199,6 +199,11 @@ def table(results: dict) -> str:
     return "\n".join(lines)
 
 
+def _savefig(fig, path: Path) -> None:
+    with atomic_path(path, suffix=path.suffix) as tmp:
+        fig.savefig(tmp, dpi=110)
+
+
 def plots(results: dict, out_dir: Path) -> list[Path]:
     import matplotlib
     matplotlib.use("Agg")
@@ -212,7 +217,7 @@ def plots(results: dict, out_dir: Path) -> list[Path]:
                 ax.plot(range(len(r["accept_pos"])), r["accept_pos"], marker="o", label=m)
         ax.set_title(f"{s}: acceptance per draft position"); ax.set_xlabel("position k"); ax.set_ylim(0, 1)
         ax.legend()
-    fig.tight_layout(); fig.savefig(out_dir / "accept_pos.png", dpi=110); plt.close(fig)
+    fig.tight_layout(); _savefig(fig, out_dir / "accept_pos.png"); plt.close(fig)
     paths.append(out_dir / "accept_pos.png")
     fig, axes = plt.subplots(1, len(results), figsize=(5 * len(results), 3.6), squeeze=False)
     for ax, (s, res) in zip(axes[0], results.items()):
@@ -220,7 +225,7 @@ def plots(results: dict, out_dir: Path) -> list[Path]:
         ax.bar(ms, [res[m]["speedup_vs_ar"] for m in ms])
         ax.axhline(1.0, color="k", lw=0.8)
         ax.set_title(f"{s}: speedup over ar"); ax.tick_params(axis="x", rotation=30)
-    fig.tight_layout(); fig.savefig(out_dir / "speedup.png", dpi=110); plt.close(fig)
+    fig.tight_layout(); _savefig(fig, out_dir / "speedup.png"); plt.close(fig)
     paths.append(out_dir / "speedup.png")
     return paths
 
@@ -350,7 +355,8 @@ def main(argv: list[str] | None = None) -> int:
             + (f"Batched decoding (ragged acceptance; same prompts in consecutive batches):\n\n"
                f"{batched_table(batched, {s: len(p) for s, p in sets.items()})}\n\n" if batched else "")
             + "\n".join(f"![{p.stem}]({p.name})" for p in pngs) + "\n")
-    (out / "bench.md").write_text(text)
+    with atomic_path(out / "bench.md") as t:
+        t.write_text(text)
     if args.mlflow:
         _log_mlflow(results, meta, out, args.tracking_uri)
     print(md)

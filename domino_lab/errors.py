@@ -7,6 +7,7 @@ Programming errors still raise normally so bugs stay visible.
 from __future__ import annotations
 
 import os
+import re
 import sys
 import tempfile
 from contextlib import contextmanager
@@ -18,11 +19,21 @@ class UserError(Exception):
     """A problem with what the user asked for (bad path, bad config, bad prompt)."""
 
 
+# scheme://user:password@host -> scheme://user:***@host (database and server URLs in messages and logs)
+_CREDENTIALS = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.\-]*://[^:/@\s]*:)[^@/\s]*@")
+
+
+def mask_credentials(text: str) -> str:
+    """`text` with the password of every URL in it replaced by ***; every line that may show a storage or
+    tracking URL (errors, progress, summaries) goes through this."""
+    return _CREDENTIALS.sub(lambda m: m.group("head") + "***@", str(text))
+
+
 def run_cli(main: Callable[[list[str] | None], int | None], argv: list[str] | None = None) -> None:
     try:
         code = main(argv)
     except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {mask_credentials(e)}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
@@ -34,7 +45,9 @@ def run_cli(main: Callable[[list[str] | None], int | None], argv: list[str] | No
 def atomic_path(final: str | os.PathLike, suffix: str = "") -> Iterator[Path]:
     """Yield a temporary path next to `final`; rename it into place only if the block succeeds.
 
-    Nothing half-written is ever left at `final` (docs/design.md#contracts).
+    Nothing half-written is ever left at `final` (docs/design.md#contracts). Every result file (result.json,
+    mlflow_run.json, bench and sweep reports, plots) is written through this. The file gets the permissions a
+    plain write would (0666 less the umask), not the temporary file's private 0600.
     """
     final = Path(final)
     try:
@@ -46,7 +59,48 @@ def atomic_path(final: str | os.PathLike, suffix: str = "") -> Iterator[Path]:
     tmp_path = Path(tmp)
     try:
         yield tmp_path
+        if tmp_path.exists():
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(tmp_path, 0o666 & ~umask)
         os.replace(tmp_path, final)
     finally:
         if tmp_path.exists():
             tmp_path.unlink()
+
+
+@contextmanager
+def atomic_dir(final: str | os.PathLike) -> Iterator[Path]:
+    """The directory form of `atomic_path`: yield an empty temporary directory next to `final`; if the block
+    succeeds it takes the place of `final` (a directory already there is removed only after the swap), otherwise
+    it is deleted and `final` is left as it was."""
+    import shutil
+
+    final = Path(final)
+    try:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
+    except OSError as e:
+        raise UserError(f"cannot write to {final.parent}: {e.strerror}; choose a writable location") from None
+    old = None
+    try:
+        yield tmp
+        mask = os.umask(0)
+        os.umask(mask)
+        os.chmod(tmp, 0o777 & ~mask)        # mkdtemp makes it private; give it the usual permissions
+        for f in tmp.iterdir():
+            if f.is_file():
+                os.chmod(f, 0o666 & ~mask)
+        if final.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{final.name}.old.", dir=final.parent))
+            os.replace(final, old / final.name)
+        try:
+            os.replace(tmp, final)
+        except OSError:
+            if old is not None:
+                os.replace(old / final.name, final)
+            raise
+    finally:
+        for d in (tmp, old):
+            if d is not None and d.exists():
+                shutil.rmtree(d, ignore_errors=True)

@@ -40,8 +40,17 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from . import Target, speculative_generate
+    from .decoding.engine import prompt_token_ids
     from .models import InferenceOptions, load_drafter
+    from .validation import check_device, check_seed
 
+    # every flag, then every prompt, is checked before anything is decoded or printed
+    check_seed(args.seed, "--seed")
+    check_device(args.device)
+    if args.max_new_tokens < 1:
+        raise UserError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    if args.temperature < 0 or not 0 < args.top_p <= 1:
+        raise UserError("--temperature must be >= 0 and --top-p in (0, 1]")
     torch.manual_seed(args.seed)
     from .data.eval_sets import load_eval_set
 
@@ -50,9 +59,12 @@ def main(argv: list[str] | None = None) -> int:
         raise UserError("the prompt is empty; give some text to continue")
     options = InferenceOptions.from_args(args)
     target = Target.from_pretrained(args.target, dtype=args.dtype, device=args.device)
+    ids = [prompt_token_ids(target, row["prompt"], what="the prompt" if args.prompt is not None else
+                            f"prompt {row['id']!r} (number {i} of {args.prompts})")
+           for i, row in enumerate(prompts, 1)]
     drafter = load_drafter(args.drafter, target, seed=args.seed, options=options)
-    for row in prompts:
-        res = speculative_generate(target, drafter, prompt=row["prompt"], max_new_tokens=args.max_new_tokens,
+    for row, prompt_ids in zip(prompts, ids):
+        res = speculative_generate(target, drafter, prompt_ids=prompt_ids, max_new_tokens=args.max_new_tokens,
                                    temperature=args.temperature, top_p=args.top_p, seed=args.seed)
         if args.json:
             d = res.to_dict(steps=args.steps)

@@ -112,9 +112,9 @@ def main(argv=None) -> int:
     path.parent.mkdir(parents=True, exist_ok=True)
     with atomic_path(path) as t:
         t.write_text("".join(json.dumps(r) + "\n" for r in out))
-    taus = [r["mean_acceptance_length"] for r in out if r["acceptance_lengths"]]
+    lengths = [a for r in out for a in r["acceptance_lengths"]]     # τ pooled over steps, as decoding.metrics
     print(json.dumps({"out": str(path), "prompts": len(out),
-                      "mean_tau": sum(taus) / len(taus) if taus else None}))
+                      "tau": sum(lengths) / len(lengths) if lengths else None}))
     return 0
 
 

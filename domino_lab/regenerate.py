@@ -54,6 +54,10 @@ def main(argv: list[str] | None = None) -> int:
         raise UserError(f"--max-length ({args.max_length}) must exceed --max-new-tokens ({args.max_new_tokens})")
     if args.threads is not None and args.threads < 1:
         raise UserError(f"--threads must be at least 1, got {args.threads}")
+    from .validation import TRAIN_SEED_MAX, check_device, check_seed
+
+    check_seed(args.seed, "--seed", TRAIN_SEED_MAX)     # per-batch seeds are derived from it (64-bit room)
+    check_device(args.device)
     check_out_dir(Path(args.out))
     if args.prompts is not None:
         from .data.eval_sets import EVAL_SETS, load_eval_set

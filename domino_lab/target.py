@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from .errors import UserError
+from .validation import check_device
 
 ASSETS = Path(__file__).resolve().parent / "assets"
 # Names of things the project ships; `default` is the embedded target (docs/design.md#embedded-default).
@@ -75,6 +76,7 @@ class Target:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         dtype = parse_dtype(dtype) or torch.float32
+        check_device(device)      # before any weights are read
         if name_or_path in SHIPPED_TARGETS:
             path = SHIPPED_TARGETS[name_or_path]
             if not (path / "config.json").exists():
@@ -168,6 +170,14 @@ class Target:
         if taps is not None:
             feats = torch.cat([out.hidden_states[j + 1] for j in taps], dim=-1)
         return TargetOutput(out.logits, feats)
+
+    @torch.no_grad()
+    def features(self, input_ids: torch.Tensor, taps: list[int]) -> torch.Tensor:
+        """Only the tapped hidden states [b, t, len(taps) * H] of a whole sequence (training): the decoder without
+        the LM head, whose [t, V] logits nobody reads there (on the embedded default they cost about as much as
+        the six layers)."""
+        out = self.model.get_decoder()(input_ids=input_ids, use_cache=False, output_hidden_states=True)
+        return torch.cat([out.hidden_states[j + 1] for j in taps], dim=-1)
 
     # ---- text ----------------------------------------------------------------------------------
     def encode(self, text: str) -> list[int]:

@@ -9,7 +9,7 @@ import argparse
 import json
 from pathlib import Path
 
-from .errors import UserError, run_cli
+from .errors import UserError, atomic_path, run_cli
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -44,6 +44,44 @@ def latest_checkpoint(ckpt_dir: Path) -> Path | None:
     return max(cands, key=lambda p: p.stat().st_mtime) if cands else None
 
 
+def read_checkpoint_head(ckpt: Path) -> dict:
+    """{"hyper_parameters", "global_step"} of a Lightning checkpoint (memory-mapped: no weights are read)."""
+    import torch
+
+    try:
+        state = torch.load(ckpt, map_location="cpu", weights_only=False, mmap=True)
+        return {"hyper_parameters": dict(state.get("hyper_parameters") or {}),
+                "global_step": int(state["global_step"])}
+    except Exception as e:   # truncated, corrupted, not a checkpoint
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise UserError(f"--resume: cannot read checkpoint {ckpt} ({first}); delete it to resume from the other "
+                        "checkpoint in that folder, if any, or train into a new out_dir") from None
+
+
+def _flat(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = list(v) if isinstance(v, tuple) else v
+    return out
+
+
+def check_same_config(saved: dict, now: dict, section: str, ckpt: Path) -> None:
+    """A resumed run continues one MLflow run, whose parameters cannot change, with one optimiser state: its
+    config must be the checkpoint's. Names every value that differs (a key only one side has, e.g. an option added
+    since the checkpoint was written, is no conflict)."""
+    a, b = _flat(saved), _flat(now)
+    diff = [k for k in sorted(a) if k in b and a[k] != b[k]]
+    if diff:
+        pre = "" if section == "train" else f"{section}."
+        shown = "; ".join(f"{pre}{k} was {a.get(k)!r}, now {b.get(k)!r}" for k in diff[:4])
+        more = f" (and {len(diff) - 4} more)" if len(diff) > 4 else ""
+        raise UserError(f"--resume: the config differs from the checkpoint's ({ckpt.name}): {shown}{more}; resume "
+                        "with the run's own values, or train into a new out_dir")
+
+
 def check_data_target(data_path, target) -> None:
     """DFlash/Domino learn from *this* target's responses; data made by another target (e.g. the shipped
     default before it was retrained) would train a drafter for the wrong distribution."""
@@ -61,15 +99,15 @@ def train(cfg, resume: bool = False, extra_callbacks=None, logger=None, target=N
     import torch
     from lightning.pytorch.callbacks import ModelCheckpoint, OnExceptionCheckpoint
 
-    from .config import to_dict
     from .target import Target
     from .training.callbacks import ExportBest
     from .training.config import drafter_config
     from .training.datamodule import DrafterDataModule
     from .training.module import DrafterModule
-    from .training.tracking import make_logger, plot_curves, remember_run
+    from .training.tracking import forget_metrics_from, make_logger, plot_curves, read_run_id, remember_run
     import yaml
 
+    cfg.validate()
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     out_dir = Path(cfg.out_dir)
@@ -77,6 +115,16 @@ def train(cfg, resume: bool = False, extra_callbacks=None, logger=None, target=N
     if out_dir.exists() and any(ckpt_dir.glob("*.ckpt")) and not resume:
         raise UserError(f"{out_dir} already holds a training run; pass --resume to continue it or choose "
                         "another out_dir")
+    ckpt = saved = None
+    if resume:      # everything --resume needs is checked before any work starts
+        ckpt = latest_checkpoint(ckpt_dir)
+        if ckpt is None:
+            raise UserError(f"--resume: {ckpt_dir} holds no checkpoint to continue from; run without --resume to "
+                            "start training there")
+        saved = read_checkpoint_head(ckpt)
+        check_same_config(saved["hyper_parameters"].get("train", {}), cfg.to_logged_dict(), "train", ckpt)
+        if logger is None:
+            read_run_id(out_dir)
     if not Path(cfg.data.path).exists():
         raise UserError(f"training data {cfg.data.path} does not exist; create it with "
                         "`python -m domino_lab.regenerate --out <dir>` and set data.path")
@@ -86,7 +134,15 @@ def train(cfg, resume: bool = False, extra_callbacks=None, logger=None, target=N
     dm = DrafterDataModule(cfg.data, seed=cfg.seed)
     dm.setup("fit")
     check_data_target(cfg.data.path, target)
+    if cfg.data.features == "offline":
+        from .data.features import ensure
+
+        dm.features = ensure(target, dm.train_rows + dm.val_rows, dcfg.target_layer_ids, cfg.data.features_dir,
+                             progress=cfg.progress_bar)
     module = DrafterModule(cfg, dcfg, target)
+    if saved is not None:      # e.g. the target was retrained at the same path since the checkpoint
+        check_same_config(saved["hyper_parameters"].get("drafter", {}), dict(module.hparams["drafter"]), "drafter",
+                          ckpt)
     if dcfg.frspec_k and not cfg.drafter.init_from:
         # the draft vocabulary comes from the training split's responses (saved in every checkpoint)
         from .models.frspec import frequent_tokens
@@ -114,10 +170,13 @@ def train(cfg, resume: bool = False, extra_callbacks=None, logger=None, target=N
                          enable_model_summary=False, enable_progress_bar=cfg.progress_bar, default_root_dir=str(out_dir), deterministic=False)
     if trainer.is_global_zero:
         remember_run(logger, out_dir)
-        logger.experiment.log_text(logger.run_id, yaml.safe_dump(to_dict(cfg), sort_keys=False), "config.yaml")
+        if saved is not None:
+            # the killed run may have logged steps after its last checkpoint; the resumed run logs them again
+            forget_metrics_from(logger.experiment, logger.run_id, saved["global_step"])
+        logger.experiment.log_text(logger.run_id, yaml.safe_dump(cfg.to_logged_dict(), sort_keys=False),
+                                   "config.yaml")
         logger.experiment.log_dict(logger.run_id, json.loads(dcfg.to_json()), "drafter_config.json")
         logger.log_hyperparams({f"drafter.{k}": v for k, v in module.drafter.param_counts().items()})
-    ckpt = latest_checkpoint(ckpt_dir) if resume else None
     trainer.fit(module, datamodule=dm, **({"ckpt_path": str(ckpt)} if ckpt else {}))
     # a final validation if the last step wasn't one, so best/ is judged on the trained weights too
     if trainer.global_step % cfg.eval.every_n_steps:
@@ -135,7 +194,8 @@ def train(cfg, resume: bool = False, extra_callbacks=None, logger=None, target=N
         png = plot_curves(client, logger.run_id, out_dir / "curves.png")
         if png:
             client.log_artifact(logger.run_id, str(png))
-        (out_dir / "result.json").write_text(json.dumps(result, indent=2))
+        with atomic_path(out_dir / "result.json") as tmp:
+            tmp.write_text(json.dumps(result, indent=2))
     return result
 
 

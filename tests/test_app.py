@@ -189,6 +189,17 @@ def test_bad_input_gives_a_ui_error_not_a_crash(client, args, message):
         client.predict(*args, api_name="/decode")
 
 
+def test_seed_beyond_64_bits_is_a_user_error():
+    """Checked with the other knobs, so the page shows what is wrong instead of an internal error."""
+    from app.decode import Request
+    from domino_lab.errors import UserError
+
+    for seed in (2 ** 64, 2 ** 70, -5):
+        with pytest.raises(UserError, match="seed must be a whole number between 0 and"):
+            Request("def f():", "default", "default", seed=seed).checked()
+    assert Request("def f():", "default", "default", seed=2 ** 64 - 1).checked().seed == 2 ** 64 - 1
+
+
 def test_catalog_accepts_only_known_names(app):
     from domino_lab.errors import UserError
 

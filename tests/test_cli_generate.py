@@ -72,6 +72,30 @@ def test_bad_inputs(tdir, tmp_path, capsys):
     assert one_error_line(code, err) and "does not fit" in err
 
 
+def test_prompts_file_is_checked_whole_before_decoding(tdir, tmp_path, capsys):
+    """A prompt too long for the context on line 2: nothing is decoded or printed, and the error names it."""
+    f = tmp_path / "p.jsonl"
+    f.write_text('{"id": "short", "prompt": "def add"}\n{"id": "long-one", "prompt": "' + "x " * 200 + '"}\n')
+    code, out, err = run(["--target", tdir, "--drafter", "none", "--prompts", str(f), "--max-new-tokens", "4",
+                          "--json"], capsys)
+    assert one_error_line(code, err) and out == ""
+    assert "'long-one'" in err and "number 2" in err and "context" in err
+
+
+def test_seed_and_device_out_of_reach(tdir, capsys):
+    import torch
+
+    base = ["--target", tdir, "--drafter", "none", "--prompt", "hi", "--max-new-tokens", "2"]
+    for seed in (str(2 ** 64), str(2 ** 70), "-1"):
+        code, out, err = run(base + ["--seed", seed], capsys)
+        assert one_error_line(code, err) and "--seed" in err and out == "", (seed, err)
+    code, out, err = run(base + ["--device", "quantum"], capsys)
+    assert one_error_line(code, err) and "unknown device" in err
+    if not torch.cuda.is_available():
+        code, out, err = run(base + ["--device", "cuda"], capsys)
+        assert one_error_line(code, err) and "CUDA is not available" in err
+
+
 def test_cli_subprocess_no_traceback(tdir):
     """The real entry point, as a user runs it."""
     p = subprocess.run([sys.executable, "-m", "domino_lab.generate", "--target", tdir, "--drafter", "none",

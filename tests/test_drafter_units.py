@@ -142,6 +142,55 @@ def test_save_load_roundtrip_and_mismatch(tmp_path, target):
         Drafter.from_pretrained(tmp_path / "nothing", target)
 
 
+def test_save_pretrained_keeps_the_old_drafter_if_the_swap_fails(tmp_path, target, monkeypatch):
+    """best/ and final/ are replaced whole: a failure while the new directory is moved in leaves the old one."""
+    import os
+
+    from domino_lab.models import drafter as drafter_mod
+
+    old = Drafter.untrained(target, "domino", seed=1, block_size=4, rank=8, gru_hidden=16)
+    old.save_pretrained(tmp_path / "best")
+    before = {p.name: p.read_bytes() for p in (tmp_path / "best").iterdir()}
+    real = os.replace
+
+    def crash_on_swap(src, dst):
+        if str(dst) == str(tmp_path / "best") and ".best." in str(src) and ".old." not in str(src):
+            raise OSError(5, "Input/output error")
+        return real(src, dst)
+
+    monkeypatch.setattr(drafter_mod.os, "replace", crash_on_swap)
+    new = Drafter.untrained(target, "domino", seed=2, block_size=4, rank=8, gru_hidden=16)
+    with pytest.raises(OSError):
+        new.save_pretrained(tmp_path / "best")
+    assert {p.name: p.read_bytes() for p in (tmp_path / "best").iterdir()} == before
+    assert [p.name for p in tmp_path.iterdir()] == ["best"]          # no temporary directory left behind
+    monkeypatch.setattr(drafter_mod.os, "replace", real)
+    new.save_pretrained(tmp_path / "best")
+    assert [p.name for p in tmp_path.iterdir()] == ["best"]
+    assert torch.equal(Drafter.from_pretrained(tmp_path / "best", target).state_dict()["head.w2.weight"],
+                       new.state_dict()["head.w2.weight"])
+
+
+def test_damaged_or_mismatched_checkpoint_is_one_clear_error(tmp_path, target):
+    import json
+
+    d = Drafter.untrained(target, "domino", block_size=4, rank=8, gru_hidden=16)
+    d.save_pretrained(tmp_path / "dr")
+    weights, cfg = tmp_path / "dr" / "model.safetensors", tmp_path / "dr" / "config.json"
+    good, good_cfg = weights.read_bytes(), cfg.read_text()
+    for cut in (len(good) - 10, 100, 4):        # cut in the tensor data, in the header, in the header's length
+        weights.write_bytes(good[:cut])
+        with pytest.raises(UserError, match="model.safetensors"):
+            Drafter.from_pretrained(tmp_path / "dr", target)
+    weights.write_bytes(good)
+    for key, value, names in (("rank", 16, "head"), ("num_layers", 2, "layers.1"), ("intermediate_size", 48, "mlp")):
+        cfg.write_text(json.dumps(json.loads(good_cfg) | {key: value}))
+        with pytest.raises(UserError, match=f"do not match config.json.*{names}"):
+            Drafter.from_pretrained(tmp_path / "dr", target)
+    cfg.write_text(good_cfg)
+    Drafter.from_pretrained(tmp_path / "dr", target)
+
+
 def test_config_validation():
     with pytest.raises(UserError, match="unknown drafter method"):
         DrafterConfig(method="medusa")

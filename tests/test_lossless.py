@@ -104,6 +104,25 @@ def test_max_new_tokens_is_exact(target, trained):
         assert len(res.token_ids) == n or res.stop_reason == "eos"
 
 
+def test_a_full_context_is_its_own_stop_reason():
+    """A prompt that leaves the target's context room for fewer tokens than asked stops with "context_length",
+    single and batched; a run that produced what was asked says "max_new_tokens"."""
+    from core_helpers import tiny_target
+    from domino_lab.decoding.batched import batched_generate
+
+    t = tiny_target(eos=None, max_pos=24)
+    long, short = [5 + i % 50 for i in range(17)], [5, 6, 7]
+    for d in (None, Drafter.untrained(t, "domino", block_size=4)):
+        res = speculative_generate(t, d, prompt_ids=long, max_new_tokens=16)
+        assert len(res.token_ids) == 7 and res.stop_reason == "context_length"
+        res = speculative_generate(t, d, prompt_ids=long, max_new_tokens=7)
+        assert len(res.token_ids) == 7 and res.stop_reason == "max_new_tokens"
+        assert speculative_generate(t, d, prompt_ids=short, max_new_tokens=16).stop_reason == "max_new_tokens"
+        res = batched_generate(t, d, [long, short], max_new_tokens=16)
+        assert [len(x) for x in res.token_ids] == [7, 16]
+        assert res.stop_reasons == ["context_length", "max_new_tokens"]
+
+
 # ---- batched decoding: ragged acceptance through cache holes ----------------------------------------
 @pytest.mark.parametrize("method", [None, "dflash", "domino"])
 def test_batched_equals_per_sequence(target, plain, trained, method):

@@ -89,6 +89,43 @@ def test_bad_sweep_config(tmp_path, capsys):
     assert code == 2 and "cannot read config" in err
 
 
+def test_bad_sweep_input_fails_before_anything_is_created(tmp_path, capsys):
+    """A malformed range, a tracking URI MLflow cannot open, a bad sampler or pruner argument, an unknown storage
+    dialect, values a trial's config would reject: one error line, and no optuna.db or mlflow.db."""
+    runs = tmp_path / "runs"
+    good = {"base_config": None, "space": {"drafter.rank": {"type": "int", "low": 4, "high": 16}}}
+    cases = [
+        ({"space": {"drafter.rank": {"type": "int", "low": "four", "high": 16}}}, [], "space.drafter.rank"),
+        ({"space": {"drafter.rank": {"type": "int", "low": 4.5, "high": 16}}}, [], "whole number"),
+        ({"space": {"optim.lr": {"type": "float", "low": 1e-4, "high": "lots"}}}, [], "space.optim.lr"),
+        ({"space": {"optim.lr": {"type": "float", "low": 0.0, "high": 1e-3}}}, [], "optim.lr"),   # low end: lr 0
+        ({"space": {"loss.curriculum.start": {"type": "float", "low": 0.5, "high": 2.0}}}, [], "curriculum"),
+        ({}, ["--tracking-uri", "bogus://x"], "tracking URI 'bogus://x'"),
+        ({"sampler": {"type": "tpe", "n_startup": 3}}, [], "sampler tpe"),
+        ({"pruner": {"type": "median", "warmup": 2}}, [], "pruner median"),
+        ({}, ["--storage", "bogus://u:pw@host/db"], "--storage"),
+        ({}, ["--seed", str(2 ** 40)], "seed"),
+    ]
+    for spec, flags, msg in cases:
+        (tmp_path / "s.yaml").write_text(yaml.safe_dump(good | spec))
+        code, _, err = run(["--config", str(tmp_path / "s.yaml"), "--runs-dir", str(runs), *flags], capsys)
+        lines = err.strip().splitlines()
+        assert code == 2 and len(lines) == 1 and lines[0].startswith("error: ") and msg in lines[0], (spec, err)
+        assert "pw" not in err
+        assert not runs.exists() or not [p.name for p in runs.rglob("*.db")], (spec, list(runs.rglob("*")))
+
+
+def test_storage_password_is_masked(tmp_path, capsys):
+    """Every line the sweep prints about its storage shows postgresql://user:***@host, never the password."""
+    spec = {"base_config": None, "space": {"drafter.rank": {"type": "int", "low": 4, "high": 16}}}
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(spec))
+    url = "postgresql://domino:hunter2@127.0.0.1:1/optuna"      # nothing listens on port 1
+    code, out, err = run(["--config", str(tmp_path / "s.yaml"), "--runs-dir", str(tmp_path / "runs"),
+                          "--storage", url], capsys)
+    assert code == 2 and "hunter2" not in out + err, err
+    assert "postgresql://domino:***@127.0.0.1:1/optuna" in err
+
+
 def test_sigkill_mid_trial_then_resume(sweep_yaml, tmp_path):
     """Kill -9 a worker inside a trial; the re-run keeps finished trials, marks the killed one FAIL (stale
     heartbeat) and continues the study to its requested total."""

@@ -186,6 +186,170 @@ def test_killed_run_resumes_without_repeating_steps(tiny, tmp_path):
     assert len(steps) == len(set(steps)) == 60, sorted(steps)
 
 
+def quick_args(tiny, out, steps, every=100, ckpt_every=4):
+    """A few fast steps: a small head, one short val/tau prompt."""
+    tdir, data = tiny
+    return [f"target={tdir}", f"data.path={data}", f"max_steps={steps}", f"out_dir={out}",
+            f"eval.every_n_steps={every}", "data.batch_size=4", "drafter.gru_hidden=16", "drafter.rank=8",
+            "eval.tau_prompts=1", "eval.tau_max_new_tokens=8", "loss.num_anchors=8", "optim.lr=3e-3",
+            f"tracking_uri=sqlite:///{Path(out).parent / 'mlflow.db'}", f"checkpoint_every_n_steps={ckpt_every}",
+            "progress_bar=false"]
+
+
+def _history(out, key="train/loss"):
+    from mlflow.tracking import MlflowClient
+
+    run_id = json.loads((Path(out) / "mlflow_run.json").read_text())["run_id"]
+    return [(m.step, m.value) for m in sorted(MlflowClient(f"sqlite:///{Path(out).parent / 'mlflow.db'}")
+                                               .get_metric_history(run_id, key), key=lambda m: m.step)]
+
+
+def test_resumed_run_trains_on_the_same_batches(tiny, tmp_path):
+    """Killed at step 7 with its last checkpoint at step 4 (the crash's own checkpoint is removed, as after a
+    SIGKILL): the resumed run draws the batches and anchors of steps 5-10 an uninterrupted run draws, so the two
+    loss curves agree, with one point per step."""
+    from lightning.pytorch.callbacks import Callback
+
+    from domino_lab.train import train
+
+    class Crash(Exception):
+        pass
+
+    class CrashAtStep7(Callback):
+        def on_train_batch_end(self, trainer, *args):
+            if trainer.global_step == 7:
+                raise Crash()
+
+    whole = train(load_config(TrainConfig, None, quick_args(tiny, tmp_path / "whole", 10)))
+    out = tmp_path / "resumed"
+    cfg = load_config(TrainConfig, None, quick_args(tiny, out, 10))
+    with pytest.raises(Crash):
+        train(cfg, extra_callbacks=[CrashAtStep7()])
+    (out / "checkpoints" / "on_exception.ckpt").unlink()
+    assert [s for s, _ in _history(out)] == list(range(6))          # steps 5 and 6 came after the checkpoint
+    res = train(load_config(TrainConfig, None, quick_args(tiny, out, 10)), resume=True)
+    assert res["steps"] == whole["steps"] == 10
+    a, b = _history(tmp_path / "whole"), _history(out)
+    assert [s for s, _ in b] == [s for s, _ in a] == list(range(10))
+    torch.testing.assert_close([v for _, v in b], [v for _, v in a], rtol=1e-5, atol=1e-6)
+
+
+def test_sigkilled_run_resumes_with_one_point_per_step(tiny, tmp_path):
+    """SIGKILL leaves no checkpoint of its own: the steps logged after the last periodic checkpoint are trained and
+    logged again by the resumed run, and MLflow must still hold exactly one train/loss point per step."""
+    import sqlite3
+
+    out = tmp_path / "run"
+    args = quick_args(tiny, out, 30, ckpt_every=10)
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    p = subprocess.Popen([sys.executable, "-m", "domino_lab.train", *args], env=env,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    db, logged, deadline = tmp_path / "mlflow.db", 0, time.time() + 240
+    # kill once steps after the step-10 checkpoint are in MLflow, well before the next checkpoint (step 20)
+    while logged < 13 and time.time() < deadline and p.poll() is None:
+        time.sleep(0.05)
+        try:
+            with sqlite3.connect(db, timeout=5) as con:
+                logged = con.execute("SELECT COUNT(*) FROM metrics WHERE key = 'train/loss'").fetchone()[0]
+        except sqlite3.Error:       # not created yet, or locked by the writer
+            pass
+    assert p.poll() is None, p.stderr.read()[-2000:]
+    p.kill()
+    p.wait(timeout=60)
+    assert not (out / "checkpoints" / "on_exception.ckpt").exists()
+    ckpt_step = torch.load(out / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)["global_step"]
+    before = [s for s, _ in _history(out)]
+    assert max(before) >= ckpt_step, (before, ckpt_step)             # steps past the checkpoint were logged
+    q = subprocess.run([sys.executable, "-m", "domino_lab.train", *args, "--resume"], env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert q.returncode == 0, q.stderr[-2000:]
+    assert json.loads((out / "result.json").read_text())["steps"] == 30
+    assert [s for s, _ in _history(out)] == list(range(30))
+
+
+def test_resume_refuses_what_it_cannot_continue(tiny, tmp_path, capsys):
+    from domino_lab.train import main
+
+    def run(argv):
+        with pytest.raises(SystemExit) as e:
+            run_cli(main, argv)
+        err = [x for x in capsys.readouterr().err.strip().splitlines() if x.strip()]
+        return e.value.code, err
+
+    # nothing to resume: an error, not a silent fresh run
+    fresh = tmp_path / "fresh"
+    code, err = run(quick_args(tiny, fresh, 2) + ["--resume"])
+    assert code == 2 and err[-1].startswith("error: --resume") and "no checkpoint" in err[-1]
+    assert not fresh.exists()
+    out = tmp_path / "run"
+    args = quick_args(tiny, out, 2, ckpt_every=1)
+    code, err = run(args)
+    assert code == 0
+    # another config: MLflow cannot change a run's parameters; name what differs instead of its traceback
+    code, err = run(args + ["optim.lr=1e-3", "--resume"])
+    assert code == 2 and len([x for x in err if x.startswith("error:")]) == 1 and "Traceback" not in "".join(err)
+    assert "optim.lr was 0.003, now 0.001" in err[-1]
+    # an empty run record (a write cut short)
+    (out / "mlflow_run.json").write_text("")
+    code, err = run(args + ["--resume"])
+    assert code == 2 and "mlflow_run.json is not a valid MLflow run record" in err[-1]
+    # a damaged checkpoint
+    (out / "mlflow_run.json").unlink()
+    for c in (out / "checkpoints").glob("*.ckpt"):
+        c.write_bytes(c.read_bytes()[:100])
+    code, err = run(args + ["--resume"])
+    assert code == 2 and "cannot read checkpoint" in err[-1]
+
+
+def test_result_file_is_replaced_whole(tiny, tmp_path, monkeypatch):
+    """A write cut short (disk full, a kill) leaves the previous result.json / mlflow_run.json, never half a file."""
+    from domino_lab.train import train
+    from domino_lab.training.tracking import remember_run
+
+    real, failing = Path.write_text, ["mlflow_run.json"]
+
+    def disk_full(self, text, *a, **k):
+        if self.name.lstrip(".").startswith(failing[0]):
+            real(self, "")                                          # truncated, then the write fails
+            raise OSError(28, "No space left on device")
+        return real(self, text, *a, **k)
+
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "result.json").write_text('{"steps": 1}')
+    (out / "mlflow_run.json").write_text('{"run_id": "abc"}')
+    monkeypatch.setattr(Path, "write_text", disk_full)
+    with pytest.raises(OSError):
+        remember_run(type("L", (), {"run_id": "new", "experiment_id": "0"})(), out)
+    assert (out / "mlflow_run.json").read_text() == '{"run_id": "abc"}'
+    (out / "mlflow_run.json").unlink()
+    failing[0] = "result.json"
+    with pytest.raises(OSError):
+        train(load_config(TrainConfig, None, quick_args(tiny, out, 1)))
+    assert (out / "result.json").read_text() == '{"steps": 1}'
+    assert sorted(p.name for p in out.iterdir() if p.name.startswith(".")) == []
+
+
+def test_out_of_range_values_fail_before_training(tiny, tmp_path, capsys):
+    """One error line naming the key, from the config itself, for every entry point (train, sweep, experiments)."""
+    from domino_lab.train import main
+
+    for override, key in (("data.batch_size=0", "data.batch_size"), ("eval.every_n_steps=0", "eval.every_n_steps"),
+                          ("loss.num_anchors=0", "loss.num_anchors"), ("max_steps=0", "max_steps"),
+                          ("max_steps=-1", "max_steps"), ("checkpoint_every_n_steps=0", "checkpoint_every_n_steps"),
+                          ("optim.lr=0", "optim.lr"), ("seed=-1", "seed"), (f"seed={2**70}", "seed"),
+                          ("data.val_fraction=1.5", "data.val_fraction"), ("loss.prefix_mode=tf", "loss.prefix_mode"),
+                          ("tracking_uri=bogus://x", "tracking URI")):
+        with pytest.raises(UserError, match=key.replace(".", r"\.")):
+            load_config(TrainConfig, None, [override])
+        out = tmp_path / override.split("=")[0]
+        with pytest.raises(SystemExit) as e:
+            run_cli(main, quick_args(tiny, out, 2) + [override])
+        err = [x for x in capsys.readouterr().err.strip().splitlines() if x.strip()]
+        assert e.value.code == 2 and len(err) == 1 and err[0].startswith("error: ") and key in err[0], (override, err)
+        assert not out.exists(), override
+
+
 def test_two_process_ddp_on_cpu(tiny, tmp_path):
     out = tmp_path / "ddp"
     args = base_args(tiny, out, steps=6, every=3) + ["--devices", "2", "--strategy", "ddp", "--accelerator", "cpu",

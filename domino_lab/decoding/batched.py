@@ -45,6 +45,9 @@ def batched_generate(target, drafter, prompts_ids: list[list[int]], max_new_toke
     if width >= target.max_length:
         raise UserError(f"a prompt has {width} tokens but the target's context is {target.max_length}")
     budget = [min(max_new_tokens, target.max_length - len(p)) for p in prompts_ids]
+    # why a row that used its whole budget stopped: the request, or the target's context (the smaller of the two)
+    full = ["context_length" if target.max_length - len(p) < max_new_tokens else "max_new_tokens"
+            for p in prompts_ids]
     eos = target.eos_token_ids
     if drafter is not None and not drafter.supports_batched:
         raise UserError(f"batched decoding does not support the '{drafter.config.method}' drafter (its caches "
@@ -65,7 +68,7 @@ def batched_generate(target, drafter, prompts_ids: list[list[int]], max_new_toke
     anchor = out.logits[:, -1].argmax(-1)
     tokens = [[int(t)] for t in anchor]
     done = [tokens[r][-1] in eos or len(tokens[r]) >= budget[r] for r in range(b)]
-    reasons = ["eos" if tokens[r][-1] in eos else "max_new_tokens" for r in range(b)]
+    reasons = ["eos" if tokens[r][-1] in eos else full[r] for r in range(b)]
     start = lens.clone()                                              # position of each row's anchor
     # target features not yet in the draft cache: [b, C, kH], their validity and positions [b, C]
     # (left pads get negative positions; they are masked anyway)
@@ -110,7 +113,7 @@ def batched_generate(target, drafter, prompts_ids: list[list[int]], max_new_toke
             lengths[r].append(len(committed))
             if tokens[r][-1] in eos or len(tokens[r]) >= budget[r]:
                 done[r] = True
-                reasons[r] = "eos" if tokens[r][-1] in eos else "max_new_tokens"
+                reasons[r] = "eos" if tokens[r][-1] in eos else full[r]
         # the new slots a row keeps are its anchor and accepted drafts; the rest become holes
         new_valid = torch.arange(k, device=dev)[None] < keep[:, None]
         valid[:, -k:] = new_valid

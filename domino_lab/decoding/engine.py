@@ -12,24 +12,27 @@ import torch
 from transformers import DynamicCache
 
 from ..errors import UserError
+from ..validation import check_seed
 from .records import GenerationResult, StepRecord
 from .. import sampling
 
 
-def _prompt_ids(target, prompt, prompt_ids) -> list[int]:
+def prompt_token_ids(target, prompt: str | None = None, prompt_ids=None, what: str = "the prompt") -> list[int]:
+    """The token ids of a prompt (text or ids), checked: not empty and leaving room in the target's context for at
+    least one new token. `what` names the prompt in the error (callers checking a whole file first pass its id)."""
     if (prompt is None) == (prompt_ids is None):
         raise UserError("give exactly one of prompt (text) or prompt_ids")
     if prompt is not None:
         if not prompt.strip():
-            raise UserError("the prompt is empty; give some text to continue")
+            raise UserError(f"{what} is empty; give some text to continue")
         ids = target.encode(prompt)
     else:
         ids = [int(t) for t in prompt_ids]
     if not ids:
-        raise UserError("the prompt is empty; give some text to continue")
+        raise UserError(f"{what} is empty; give some text to continue")
     if len(ids) >= target.max_length:
-        raise UserError(f"the prompt has {len(ids)} tokens but the target's context is {target.max_length}; "
-                        "shorten the prompt")
+        raise UserError(f"{what} has {len(ids)} tokens but the target's context is {target.max_length}; "
+                        "shorten it")
     return ids
 
 
@@ -51,7 +54,11 @@ def speculative_generate(target, drafter=None, prompt: str | None = None, prompt
         raise UserError("max_new_tokens must be >= 1")
     if temperature < 0 or not 0 < top_p <= 1:
         raise UserError("temperature must be >= 0 and top_p in (0, 1]")
-    ids = _prompt_ids(target, prompt, prompt_ids)
+    if seed is not None:
+        check_seed(seed)
+    ids = prompt_token_ids(target, prompt, prompt_ids)
+    # the target's context may leave room for fewer tokens than asked: a run that fills it stops for that reason
+    cut_by_context = target.max_length - len(ids) < max_new_tokens
     max_new_tokens = min(max_new_tokens, target.max_length - len(ids))
     dev = target.device
     gen = torch.Generator(device=dev)
@@ -133,4 +140,4 @@ def speculative_generate(target, drafter=None, prompt: str | None = None, prompt
     wall = time.perf_counter() - t_start
     return GenerationResult(prompt_ids=ids, token_ids=tokens, text=target.decode(tokens) if target.tokenizer else "",
                             steps=steps, target_forward_calls=calls, wall_time_s=wall, prefill_time_s=prefill_time,
-                            stop_reason=stop or "max_new_tokens")
+                            stop_reason=stop or ("context_length" if cut_by_context else "max_new_tokens"))

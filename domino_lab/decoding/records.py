@@ -43,7 +43,7 @@ class GenerationResult:
     target_forward_calls: int     # prefill included
     wall_time_s: float
     prefill_time_s: float
-    stop_reason: str              # "eos" | "max_new_tokens"
+    stop_reason: str              # "eos" | "max_new_tokens" | "context_length" (the target's context was full)
 
     @property
     def acceptance_lengths(self) -> list[int]:

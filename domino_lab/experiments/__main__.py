@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from ..errors import UserError, run_cli
+from ..errors import UserError, atomic_path, run_cli
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -125,9 +125,8 @@ def run(args) -> dict:
 
 def _write(out_dir: Path, files: dict) -> None:
     for name, text in files.items():
-        tmp = out_dir / f".{name}.tmp"
-        tmp.write_text(text)
-        tmp.replace(out_dir / name)
+        with atomic_path(out_dir / name) as tmp:
+            tmp.write_text(text)
 
 
 def report(args) -> None:

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..errors import atomic_path
+
 
 def loss_history(run_ids: list[str], metric: str = "train/loss_base", tracking_uri: str | None = None) -> dict:
     """{"steps", metric values}: the mean over runs at the steps every run logged."""
@@ -48,5 +50,6 @@ def plot_loss_curves(curves: dict, out_png: Path, title: str, ylabel: str, skip_
     ax.set_title(title)
     ax.legend()
     fig.tight_layout()
-    fig.savefig(out_png, dpi=110)
+    with atomic_path(out_png, suffix=Path(out_png).suffix) as tmp:
+        fig.savefig(tmp, dpi=110)
     plt.close(fig)

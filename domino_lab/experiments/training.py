@@ -102,7 +102,7 @@ def train_runs(resolved: list, runs_dir: Path, quick: bool) -> dict:
     """{(run name, seed): TrainedRun}: finished runs are reused, the others trained (or resumed)."""
     from ..config import to_dict
     from ..target import Target
-    from ..train import train
+    from ..train import latest_checkpoint, train
 
     runs_dir.mkdir(parents=True, exist_ok=True)
     out, targets = {}, {}
@@ -115,7 +115,7 @@ def train_runs(resolved: list, runs_dir: Path, quick: bool) -> dict:
             if cfg.target not in targets:
                 targets[cfg.target] = Target.from_pretrained(cfg.target, dtype=cfg.dtype)
             ensure_data(cfg, targets[cfg.target], sweep, quick)
-            resume = (Path(cfg.out_dir) / "checkpoints").is_dir()
+            resume = latest_checkpoint(Path(cfg.out_dir) / "checkpoints") is not None
             print(f"[experiments] training {r.name} seed {seed} -> {cfg.out_dir}", file=sys.stderr)
             train(cfg, resume=resume, target=targets[cfg.target])
         res = json.loads(result_file.read_text())

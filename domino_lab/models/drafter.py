@@ -200,20 +200,30 @@ class Drafter(nn.Module):
                 "head_over_backbone_pct": round(100.0 * head / backbone, 2) if backbone else 0.0}
 
     def save_pretrained(self, out_dir: str | os.PathLike) -> Path:
-        """config.json + model.safetensors, written to a temp dir and renamed into place."""
+        """config.json + model.safetensors, written to a temp dir and swapped into place: an existing directory is
+        renamed aside first and deleted only once the new one is in, so a crash leaves the old or the new one."""
         out = Path(out_dir)
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+        old = None
         try:
             (tmp / "config.json").write_text(self.config.to_json())
             state = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
             save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt", "method": self.config.method})
             if out.exists():
-                shutil.rmtree(out)
-            os.replace(tmp, out)
+                old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old.", dir=out.parent))
+                os.replace(out, old)
+            try:
+                os.replace(tmp, out)
+            except BaseException:
+                if old is not None:     # put the old one back
+                    os.replace(old, out)
+                    old = None
+                raise
         finally:
-            if tmp.exists():
-                shutil.rmtree(tmp)
+            for leftover in (tmp, old):
+                if leftover is not None and leftover.exists():
+                    shutil.rmtree(leftover)
         return out
 
     @classmethod
@@ -221,6 +231,10 @@ class Drafter(nn.Module):
         path = Path(path)
         if str(path) in SHIPPED_DRAFTERS:
             path = SHIPPED_DRAFTERS[str(path)]
+        from .export import is_release_dir, load_release
+
+        if is_release_dir(path):     # a Domino / DFlash / speculators release layout (models/export.py)
+            return load_release(path, target)
         cfg_file, weights = path / "config.json", path / "model.safetensors"
         if not cfg_file.exists() or not weights.exists():
             raise UserError(f"drafter '{path}' is not a drafter directory (needs config.json and model.safetensors); "
@@ -231,6 +245,7 @@ class Drafter(nn.Module):
             raise UserError(f"drafter config {cfg_file} is malformed: {e}") from None
         cfg.check_target(target)
         drafter = Drafter(cfg)
+        check_weights(weights, drafter.state_dict(), cfg_file)
         drafter.load_state_dict(load_file(str(weights)), strict=True)
         return drafter.bind(target)
 
@@ -239,6 +254,41 @@ class Drafter(nn.Module):
         """A freshly initialised, seeded drafter for `target` (teaching, tests, `untrained:<method>`)."""
         torch.manual_seed(seed)
         return Drafter(DrafterConfig.for_target(target, method, **overrides), target)
+
+
+def check_weights(weights: Path, expected: dict, cfg_file: Path) -> None:
+    """The safetensors file holds exactly the tensors `expected` (a state dict) names, with their shapes, and is
+    complete (read from its header, before any tensor is loaded): a truncated or corrupted file, or a config.json
+    that disagrees with the weights, is one UserError instead of a loader traceback."""
+    fix = "re-export the drafter (Drafter.save_pretrained / domino_lab.train) or restore its files"
+    try:
+        size = weights.stat().st_size
+        with open(weights, "rb") as f:
+            n = int.from_bytes(f.read(8), "little")
+            if size < 8 or not 2 <= n <= size - 8:
+                raise ValueError("the header is cut off")
+            header = json.loads(f.read(n))
+        header.pop("__metadata__", None)
+        end = max((int(v["data_offsets"][1]) for v in header.values()), default=0)
+        shapes = {k: [int(d) for d in v["shape"]] for k, v in header.items()}
+    except OSError as e:
+        raise UserError(f"cannot read drafter weights {weights}: {e.strerror}") from None
+    except (ValueError, KeyError, TypeError, IndexError, AttributeError):
+        raise UserError(f"drafter weights {weights} are not a readable safetensors file (corrupted or cut off); "
+                        f"{fix}") from None
+    if 8 + n + end > size:
+        raise UserError(f"drafter weights {weights} are cut off ({size} bytes, the header says "
+                        f"{8 + n + end}); {fix}")
+    want = {k: list(v.shape) for k, v in expected.items()}
+    missing, extra = sorted(set(want) - set(shapes)), sorted(set(shapes) - set(want))
+    if missing or extra:
+        what = (f"lacks {missing[0]}" if missing else f"has {extra[0]}, which this architecture does not")
+        raise UserError(f"drafter weights {weights} do not match {cfg_file.name}: the file {what}; {fix}")
+    for k in want:
+        if shapes[k] != want[k]:
+            raise UserError(f"drafter weights {weights} do not match {cfg_file.name}: {k} is {shapes[k]} in the "
+                            f"weights but {want[k]} for the config (intermediate_size, rank, num_layers, ... "
+                            f"disagree with the weights); {fix}")
 
 
 def load_drafter(spec: str | None, target, seed: int = 0, options: InferenceOptions | None = None
@@ -251,11 +301,14 @@ def load_drafter(spec: str | None, target, seed: int = 0, options: InferenceOpti
 
 
 def family_of(spec: str) -> type | None:
-    """The family class (models/registry.py) of a shipped name or checkpoint dir, read from its config.json
-    without loading weights; None when it is not a readable drafter directory."""
+    """The family class (models/registry.py) of a shipped name or checkpoint dir (ours or a release layout), read
+    from its config.json without loading weights; None when it is not a readable drafter directory."""
+    from .export import layout_of, method_of
+
     path = SHIPPED_DRAFTERS.get(spec, Path(spec))
     try:
-        method = json.loads((path / "config.json").read_text()).get("method")
+        cfg = json.loads((path / "config.json").read_text())
+        method = method_of(cfg) if layout_of(cfg) else cfg.get("method")
         return registry.family(method)
     except (OSError, ValueError, UserError):
         return None

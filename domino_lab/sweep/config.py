@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..config import default_runs_dir, load_config, path_field
-from ..errors import UserError
-from .space import probe_values, validate_space
+from ..errors import UserError, mask_credentials
+from .space import make_pruner, make_sampler, probe_values, validate_space
 
 DEFAULT_SWEEP = "experiments/sweeps/default.yaml"
 OBJECTIVES = ("tau", "draft_ms")
@@ -62,15 +62,37 @@ def load_sweep(path: str | Path | None = DEFAULT_SWEEP, overrides: list[str] = (
     if cfg.seed is not None:
         cfg.sampler = dict(cfg.sampler, seed=cfg.seed)
     try:
-        trial_config(cfg, probe_values(cfg.space), 0)
+        for end in ("low", "high"):
+            trial_config(cfg, probe_values(cfg.space, end), 0)
     except UserError as e:
         raise UserError(f"sweep {path}: {e}") from None
     if cfg.n_trials < 1:
         raise UserError("n_trials must be >= 1")
+    if cfg.total_trials is not None and cfg.total_trials < 1:
+        raise UserError("total_trials must be >= 1 (or left out)")
+    # what a worker opens besides trials (the tracking URI is checked with the trial configs above), before any
+    # study, database or data exists
+    make_sampler(cfg.sampler)
+    make_pruner(cfg.pruner)
+    check_storage_url(cfg.storage)
     bad = set(cfg.objectives) - set(OBJECTIVES)
     if bad or not cfg.objectives:
         raise UserError(f"objectives must be a non-empty subset of {list(OBJECTIVES)}, got {cfg.objectives}")
     return cfg
+
+
+def check_storage_url(url: str | None) -> None:
+    """An Optuna storage URL SQLAlchemy can parse, with a dialect it knows (no connection is made)."""
+    if url is None:
+        return
+    import sqlalchemy as sa
+
+    try:
+        sa.engine.make_url(url).get_dialect()
+    except Exception as e:   # a malformed URL, an unknown dialect, a missing driver module
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise UserError(mask_credentials(f"--storage {url} is not a database URL Optuna can open ({first}); use "
+                                         "sqlite:///PATH or postgresql://...")) from None
 
 
 def trial_config(sweep: SweepConfig, params: dict, trial_number: int):

@@ -59,12 +59,13 @@ def claim_for_worker(storage_url: str | None, poll_s: float = 15.0):
         return None
     import sqlalchemy as sa
 
-    from ..errors import UserError
+    from ..errors import UserError, mask_credentials
 
     try:
         conn = sa.create_engine(storage_url, poolclass=sa.pool.NullPool).connect()
     except Exception as e:   # bad URL, unreachable server, missing driver: one clear line
-        raise UserError(f"cannot open Optuna storage {storage_url}: {str(e).strip().splitlines()[0]}") from None
+        raise UserError(mask_credentials(f"cannot open Optuna storage {storage_url}: "
+                                         f"{(str(e).strip().splitlines() or [type(e).__name__])[0]}")) from None
     waited = False
     while (uuid := claim_gpu(conn, uuids)) is None:
         if not waited:

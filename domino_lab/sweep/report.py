@@ -8,7 +8,7 @@ from pathlib import Path
 
 import optuna
 
-from ..errors import atomic_path
+from ..errors import atomic_path, mask_credentials
 
 
 def _readable(path: Path) -> None:
@@ -55,7 +55,8 @@ def _plots(study, out: Path, space: dict) -> list[Path]:
             plt.close(fig)
             made.append(path)
         except (ValueError, RuntimeError, ZeroDivisionError) as e:   # e.g. too few trials for importances
-            (out / f"{fname}.skipped.txt").write_text(f"{type(e).__name__}: {e}\n")
+            with atomic_path(out / f"{fname}.skipped.txt") as tmp:
+                tmp.write_text(f"{type(e).__name__}: {e}\n")
     return made
 
 
@@ -118,7 +119,8 @@ def write_report(study, sweep, out_dir: Path, client, parent: str, tracking_uri:
     saved = pruning_savings(study, max_steps)
     counts["compute_saved_by_pruning"] = saved
     how = (f"Pruning saved {100 * saved:.0f}% of the trials' training steps. " if saved is not None else "") + \
-        f"Open the runs: mlflow ui --backend-store-uri {tracking_uri}  |  optuna-dashboard {storage_url}"
+        f"Open the runs: mlflow ui --backend-store-uri {mask_credentials(tracking_uri)}  |  optuna-dashboard " \
+        f"{mask_credentials(storage_url)}"
     plots = _plots(study, plots_dir, sweep.space)
     lines.append("\n" + how + "\n")
     lines.append("\n".join(f"![{p.stem}](plots/{p.name})" for p in plots))

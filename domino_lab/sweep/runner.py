@@ -20,7 +20,7 @@ from mlflow.tracking import MlflowClient
 from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
 from optuna_integration import PyTorchLightningPruningCallback
 
-from ..errors import UserError
+from ..errors import UserError, mask_credentials
 from ..training.tracking import default_artifact_location, default_tracking_uri
 from .config import SweepConfig, base_values, trial_config
 from .space import make_pruner, make_sampler, suggest
@@ -49,19 +49,23 @@ class StepPruningCallback(PyTorchLightningPruningCallback):
 def plain_step_ms(target, cfg, n_prompts: int = 3, new_tokens: int = 32) -> float:
     """Plain greedy decoding: ms per target step on validation prompts (the speedup baseline)."""
     from ..decoding import speculative_generate
+    from ..decoding.metrics import StepTally
     from ..training.datamodule import DrafterDataModule
 
     dm = DrafterDataModule(cfg.data, seed=cfg.seed)
     dm.setup()
     prompts = dm.tau_prompts(n_prompts)
     speculative_generate(target, None, prompt_ids=prompts[0], max_new_tokens=4)      # warm-up
-    steps = [s for p in prompts for s in speculative_generate(target, None, prompt_ids=p,
-                                                              max_new_tokens=new_tokens).steps]
-    return 1000 * sum(s.verify_time_s for s in steps) / max(1, len(steps))
+    tally = StepTally()
+    for p in prompts:
+        tally.add(speculative_generate(target, None, prompt_ids=p, max_new_tokens=new_tokens).steps)
+    return tally.verify_ms or 0.0
 
 
 def _first_line(e: Exception) -> str:
-    return (str(e).strip().splitlines() or [type(e).__name__])[0]
+    """An exception's first line for a one-line message, any URL password in it masked (a driver's error may
+    quote the URL it was given)."""
+    return mask_credentials((str(e).strip().splitlines() or [type(e).__name__])[0])
 
 
 class SweepRunner:
@@ -108,7 +112,8 @@ class SweepRunner:
                 grace_period=self.sweep.grace_period,
                 heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=1))
         except Exception as e:   # bad URL, unreachable server, missing driver: one clear line
-            raise UserError(f"cannot open Optuna storage {self.storage_url}: {_first_line(e)}") from None
+            raise UserError(f"cannot open Optuna storage {mask_credentials(self.storage_url)}: "
+                            f"{_first_line(e)}") from None
 
     @contextmanager
     def _setup_lock(self):
@@ -147,7 +152,7 @@ class SweepRunner:
                     conn = sa.create_engine(url, poolclass=sa.pool.NullPool).connect()
                 except Exception as e:   # bad URL, unreachable server, missing driver: one clear line
                     what = "Optuna storage" if url == self.storage_url else "MLflow tracking URI"
-                    raise UserError(f"cannot open {what} {url}: {_first_line(e)}") from None
+                    raise UserError(f"cannot open {what} {mask_credentials(url)}: {_first_line(e)}") from None
                 conns.append(conn)
                 conn.execute(sa.text("SELECT pg_advisory_lock(:key)"), {"key": SETUP_LOCK_KEY})
             yield

@@ -1,11 +1,20 @@
 """The search space: YAML -> Optuna `suggest_*` calls, validated before any trial runs; samplers and pruners."""
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from ..errors import UserError
 
 PARAM_TYPES = ("int", "float", "categorical", "fixed")
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
 def validate_space(space: dict) -> None:
@@ -16,11 +25,25 @@ def validate_space(space: dict) -> None:
             raise UserError(f"space.{name}: needs 'type' in {list(PARAM_TYPES)}")
         t = spec["type"]
         if t in ("int", "float"):
-            if "low" not in spec or "high" not in spec or not spec["low"] < spec["high"]:
+            number = _is_int if t == "int" else _is_number
+            for key in ("low", "high") + (("step",) if spec.get("step") is not None else ()):
+                if t == "float" and isinstance(spec.get(key), str):
+                    try:        # PyYAML (YAML 1.1) reads 3e-4 as a string
+                        spec[key] = float(spec[key])
+                    except ValueError:
+                        pass
+                if key not in spec or not number(spec[key]):
+                    kind = "a whole number" if t == "int" else "a number"
+                    raise UserError(f"space.{name}: {t} needs '{key}' to be {kind}, got {spec.get(key)!r}")
+            if not spec["low"] < spec["high"]:
                 raise UserError(f"space.{name}: {t} needs low < high")
+            if not isinstance(spec.get("log", False), bool):
+                raise UserError(f"space.{name}: 'log' must be true or false, got {spec['log']!r}")
             if spec.get("log") and spec["low"] <= 0:
                 raise UserError(f"space.{name}: a log range needs low > 0")
-        if t == "categorical" and not spec.get("choices"):
+            if spec.get("step") is not None and (spec["step"] <= 0 or spec.get("log")):
+                raise UserError(f"space.{name}: 'step' must be > 0 and cannot be combined with log")
+        if t == "categorical" and (not isinstance(spec.get("choices"), list) or not spec["choices"]):
             raise UserError(f"space.{name}: categorical needs a non-empty 'choices' list")
         if t == "fixed" and "value" not in spec:
             raise UserError(f"space.{name}: fixed needs 'value'")
@@ -29,10 +52,12 @@ def validate_space(space: dict) -> None:
             raise UserError(f"space.{name}: unknown key(s) {sorted(extra)}")
 
 
-def probe_values(space: dict) -> dict[str, Any]:
-    """One admissible value per parameter (fixed value, first choice, low end): enough to check the names."""
+def probe_values(space: dict, end: str = "low") -> dict[str, Any]:
+    """One admissible value per parameter (fixed value, first or last choice, low or high end, as `end` says):
+    the names, and both ends of every range, are checked with a trial config of each."""
+    first = end == "low"
     return {name: (spec.get("value") if spec["type"] == "fixed" else
-                   spec["choices"][0] if spec["type"] == "categorical" else spec["low"])
+                   spec["choices"][0 if first else -1] if spec["type"] == "categorical" else spec[end])
             for name, spec in space.items()}
 
 
@@ -61,7 +86,7 @@ def _build(kind_registry: dict, spec: dict, what: str, default: str):
         raise UserError(f"unknown {what} '{kind}'; use one of {sorted(kind_registry)}")
     try:
         return kind_registry[kind](**spec)
-    except TypeError as e:
+    except (TypeError, ValueError) as e:      # an unknown argument, or a value the class refuses
         raise UserError(f"{what} {kind}: {e}") from None
 
 

@@ -6,8 +6,11 @@ import typing
 from dataclasses import dataclass, field
 
 from ..config import path_field
+from ..errors import UserError, mask_credentials
+from ..models.block import PREFIX_MODES
 from ..models.config import DrafterConfig
-from .schedules import LambdaConfig
+from ..validation import TRAIN_SEED_MAX, check_int, check_number, check_seed
+from .schedules import LambdaConfig, make_schedule
 
 
 def _drafter_overrides() -> type:
@@ -45,6 +48,17 @@ class DataOptions:
     batch_size: int = 8
     num_workers: int = 0                   # 2 cores: loading is cheap, the target forward is not
     min_response_tokens: int = 4
+    # "offline": the target's tapped features of every sequence are computed once and memory-mapped from
+    # features_dir (domino_lab/data/features.py), so a step runs only the drafter; "online": the target runs
+    # inside every step (GPUs, data too large to store)
+    features: str = "online"
+    features_dir: str = path_field("runs/features")
+
+    def __post_init__(self):
+        from ..errors import UserError
+
+        if self.features not in ("online", "offline"):
+            raise UserError(f"data.features must be 'online' or 'offline', got {self.features!r}")
 
 
 @dataclass
@@ -96,6 +110,68 @@ class TrainConfig:
     log_every_n_steps: int = 1
     progress_bar: bool = True
     threads: int | None = None             # torch threads per process (pin when processes share cores)
+
+    def __post_init__(self):
+        self.validate()
+
+    def to_logged_dict(self) -> dict:
+        """The config as a plain dict for what is logged and checkpointed (MLflow params, config.yaml, the
+        checkpoint's hyperparameters): a password in the tracking URI is masked."""
+        d = dataclasses.asdict(self)
+        if d.get("tracking_uri"):
+            d["tracking_uri"] = mask_credentials(d["tracking_uri"])
+        return d
+
+    def validate(self) -> "TrainConfig":
+        """Every value in range, named by its key (a recipe, an override, a sweep trial or an experiment all
+        build a TrainConfig, so all of them fail here, before any data, target or run is touched)."""
+        check_seed(self.seed, "seed", TRAIN_SEED_MAX)
+        check_int(self.max_steps, "max_steps", 1, what=" (optimiser steps to train)")
+        check_int(self.checkpoint_every_n_steps, "checkpoint_every_n_steps", 1)
+        check_int(self.log_every_n_steps, "log_every_n_steps", 1)
+        check_int(self.num_nodes, "num_nodes", 1)
+        if self.threads is not None:
+            check_int(self.threads, "threads", 1)
+        d = self.data
+        check_number(d.val_fraction, "data.val_fraction", 0.0, 1.0, high_open=True)
+        check_int(d.max_length, "data.max_length", 2)
+        check_int(d.batch_size, "data.batch_size", 1)
+        check_int(d.num_workers, "data.num_workers", 0)
+        check_int(d.min_response_tokens, "data.min_response_tokens", 2,
+                  what=" (an anchor and the token after it)")
+        lo = self.loss
+        check_int(lo.num_anchors, "loss.num_anchors", 1)
+        if lo.gamma is not None:
+            check_number(lo.gamma, "loss.gamma", 0.0, low_open=True)
+        if lo.prefix_mode not in PREFIX_MODES:
+            raise UserError(f"loss.prefix_mode must be one of {list(PREFIX_MODES)}, got {lo.prefix_mode!r}")
+        c = lo.curriculum
+        try:
+            make_schedule(c)
+        except UserError as e:
+            raise UserError(f"loss.curriculum: {e}") from None
+        check_number(c.decay_ratio, "loss.curriculum.decay_ratio", 0.0, low_open=True)
+        for i, m in enumerate(c.milestones):
+            check_number(m, f"loss.curriculum.milestones[{i}]", 0.0, 1.0)
+        check_number(c.gamma, "loss.curriculum.gamma", 0.0)
+        o = self.optim
+        check_number(o.lr, "optim.lr", 0.0, low_open=True)
+        check_number(o.weight_decay, "optim.weight_decay", 0.0)
+        check_number(o.warmup_ratio, "optim.warmup_ratio", 0.0, 1.0)
+        check_number(o.grad_clip, "optim.grad_clip", 0.0)
+        if len(o.betas) != 2:
+            raise UserError(f"optim.betas must be two numbers, got {o.betas!r}")
+        for i, b in enumerate(o.betas):
+            check_number(b, f"optim.betas[{i}]", 0.0, 1.0, high_open=True)
+        e = self.eval
+        check_int(e.every_n_steps, "eval.every_n_steps", 1)
+        check_int(e.val_batches, "eval.val_batches", 0)
+        check_int(e.tau_prompts, "eval.tau_prompts", 0)
+        check_int(e.tau_max_new_tokens, "eval.tau_max_new_tokens", 1)
+        from .tracking import check_tracking_uri
+
+        check_tracking_uri(self.tracking_uri)
+        return self
 
 
 def default_gamma(block_size: int) -> float:

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import hashlib
 import random
+from functools import partial
+from typing import Callable
 
 import lightning.pytorch as pl
 import torch
@@ -19,19 +21,26 @@ def _is_val(row_id: str, frac: float) -> bool:
 
 
 class BucketBatchSampler(Sampler[list[int]]):
-    """Batches of similar length (little padding) in a random, seeded, epoch-dependent order."""
+    """Batches of similar length (little padding) in a random, seeded, epoch-dependent order.
+
+    The order is a function of the seed and of a batch's place in the whole run: the run's batch k (per rank) is
+    batch k % n of epoch k // n, n batches per epoch. `position` (training: the trainer's global step, restored
+    from a checkpoint before the first batch is drawn) says where an iteration starts, so a run resumed mid-epoch
+    trains on exactly the batches an uninterrupted run would have; without it, every iteration is the next epoch.
+    """
 
     def __init__(self, lengths: list[int], batch_size: int, seed: int, shuffle: bool = True,
-                 rank: int = 0, world: int = 1):
+                 rank: int = 0, world: int = 1, position: Callable[[], int] | None = None):
         self.lengths, self.bs, self.seed, self.shuffle = lengths, batch_size, seed, shuffle
         self.rank, self.world, self.epoch = rank, world, 0
+        self.position = position
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
-    def _batches(self) -> list[list[int]]:
+    def _batches(self, epoch: int = 0) -> list[list[int]]:
         idx = list(range(len(self.lengths)))
-        rng = random.Random(self.seed + self.epoch)
+        rng = random.Random(self.seed + 1 + epoch)      # + 1: epoch 0 keeps the order earlier versions drew
         if self.shuffle:
             rng.shuffle(idx)
         chunk = self.bs * 32
@@ -45,23 +54,48 @@ class BucketBatchSampler(Sampler[list[int]]):
         return batches[self.rank:usable:self.world]
 
     def __iter__(self):
-        self.epoch += 1
-        return iter(self._batches())
+        n = len(self)
+        if self.position is None:
+            start = self.epoch * n
+            self.epoch += 1
+        else:
+            start = int(self.position())
+        epoch, offset = divmod(start, n) if n else (0, 0)
+        return iter(self._batches(epoch)[offset:])
 
     def __len__(self) -> int:
         return len(self._batches())
 
 
-def collate(rows: list[dict]) -> dict:
+class StepOrderedLoader(DataLoader):
+    """The training loader: its batch order follows from the seed and the trainer's restored global step
+    (BucketBatchSampler's `position`), so there is no iterator state to save. The state_dict / load_state_dict
+    pair tells Lightning this loader resumes mid-epoch correctly."""
+
+    def state_dict(self) -> dict:
+        return {"order": "by global step", "seed": self.batch_sampler.seed}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
+
+def collate(rows: list[dict], features=None) -> dict:
     """Right padding: causal attention keeps real positions blind to the pads after them, and anchors
-    (hence block contexts) only ever sit on real response tokens."""
+    (hence block contexts) only ever sit on real response tokens. `features` (a data.features.FeatureCache) adds
+    the target's cached features [b, n, n_taps * H] (fp16; zeros on the pads)."""
     n = max(len(r["input_ids"]) for r in rows)
     ids = torch.zeros(len(rows), n, dtype=torch.long)
     mask = torch.zeros(len(rows), n, dtype=torch.long)
     for i, r in enumerate(rows):
         ids[i, : len(r["input_ids"])] = torch.tensor(r["input_ids"])
         mask[i, : len(r["loss_mask"])] = torch.tensor(r["loss_mask"])
-    return {"input_ids": ids, "loss_mask": mask, "prompt_len": torch.tensor([r["prompt_len"] for r in rows])}
+    out = {"input_ids": ids, "loss_mask": mask, "prompt_len": torch.tensor([r["prompt_len"] for r in rows])}
+    if features is not None:
+        feats = torch.zeros(len(rows), n, features.width, dtype=torch.float16)
+        for i, r in enumerate(rows):
+            feats[i, : len(r["input_ids"])] = features[r["id"]]
+        out["features"] = feats
+    return out
 
 
 class DrafterDataModule(pl.LightningDataModule):
@@ -70,6 +104,7 @@ class DrafterDataModule(pl.LightningDataModule):
         self.cfg, self.seed = cfg, seed
         self.train_rows: list[dict] = []
         self.val_rows: list[dict] = []
+        self.features = None       # a data.features.FeatureCache of every row (data.features: offline)
 
     def setup(self, stage: str | None = None) -> None:
         if self.train_rows:
@@ -98,9 +133,13 @@ class DrafterDataModule(pl.LightningDataModule):
         sharded = shuffle and self.trainer is not None
         rank = self.trainer.global_rank if sharded else 0
         world = self.trainer.world_size if sharded else 1
+        trainer = self.trainer if sharded else None
         sampler = BucketBatchSampler([len(r["input_ids"]) for r in rows], self.cfg.batch_size, self.seed,
-                                     shuffle=shuffle, rank=rank, world=world)
-        return DataLoader(rows, batch_sampler=sampler, collate_fn=collate, num_workers=self.cfg.num_workers)
+                                     shuffle=shuffle, rank=rank, world=world,
+                                     position=(lambda: trainer.global_step) if trainer is not None else None)
+        loader = StepOrderedLoader if trainer is not None else DataLoader
+        return loader(rows, batch_sampler=sampler, collate_fn=partial(collate, features=self.features),
+                      num_workers=self.cfg.num_workers)
 
     def train_dataloader(self):
         return self._loader(self.train_rows, shuffle=True)

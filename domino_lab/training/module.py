@@ -6,6 +6,8 @@ every block goes through the drafter in one masked forward; loss = λ_t·CE(base
 """
 from __future__ import annotations
 
+import hashlib
+
 import lightning.pytorch as pl
 import torch
 from transformers import get_cosine_schedule_with_warmup
@@ -22,7 +24,7 @@ class DrafterModule(pl.LightningModule):
     def __init__(self, cfg: TrainConfig, drafter_config: DrafterConfig, target=None):
         super().__init__()
         self.cfg = cfg
-        self.save_hyperparameters({"train": _plain(cfg), "drafter": _plain(drafter_config)})
+        self.save_hyperparameters({"train": cfg.to_logged_dict(), "drafter": _plain(drafter_config)})
         self.drafter = Drafter(drafter_config)
         self.schedule = make_schedule(cfg.loss.curriculum)
         self.gamma = cfg.loss.gamma or default_gamma(drafter_config.block_size)
@@ -51,8 +53,12 @@ class DrafterModule(pl.LightningModule):
     # ---- training ------------------------------------------------------------------------------
     def _blocks(self, batch, prefix_mode):
         ids, lm = batch["input_ids"], batch["loss_mask"]
-        with torch.no_grad():
-            feats = self.target.forward(ids, taps=self.drafter.config.target_layer_ids).features
+        feats = batch.get("features")
+        if feats is not None:       # offline: computed once by the target (data/features.py)
+            feats = feats.to(self.target.dtype)
+        else:
+            with torch.no_grad():
+                feats = self.target.features(ids, self.drafter.config.target_layer_ids)
         anchors, keep = sample_anchors(lm, self.cfg.loss.num_anchors, self._anchor_gen)
         return self.drafter.training_blocks(feats, ids, lm, anchors, keep, prefix_mode)
 
@@ -62,6 +68,8 @@ class DrafterModule(pl.LightningModule):
         return self.schedule(self.global_step + 1, self.cfg.max_steps)
 
     def training_step(self, batch, batch_idx):
+        # anchors drawn from a per-step seed: a run resumed from a checkpoint draws what an uninterrupted one would
+        self._anchor_gen.manual_seed(step_seed(self.cfg.seed, self.global_rank, self.global_step))
         bb = self._blocks(batch, self.cfg.loss.prefix_mode)
         lam = self.lambda_now()
         loss_base = weighted_ce(bb.logits_base, bb.labels, bb.valid, self.gamma)
@@ -127,6 +135,11 @@ def measure_tau(target, drafter, prompts: list[list[int]], max_new_tokens: int) 
     drafter.train(was_training)
     out = tally.summary()
     return out | {"tau": out["tau"] or 0.0, "draft_ms": out["draft_ms"] or 0.0, "verify_ms": out["verify_ms"] or 0.0}
+
+
+def step_seed(seed: int, rank: int, step: int) -> int:
+    """A 64-bit generator seed for one (seed, rank, optimiser step)."""
+    return int.from_bytes(hashlib.blake2b(f"{seed}/{rank}/{step}".encode(), digest_size=8).digest(), "little")
 
 
 def _plain(obj):

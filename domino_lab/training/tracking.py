@@ -5,7 +5,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ..errors import UserError, atomic_path, mask_credentials
+
 SQLITE = "sqlite:///"
+RUN_FILE = "mlflow_run.json"      # the MLflow run of a training directory, continued by --resume
 
 
 def default_tracking_uri(runs_dir: str | Path | None = None) -> str:
@@ -15,6 +18,26 @@ def default_tracking_uri(runs_dir: str | Path | None = None) -> str:
     root = Path(runs_dir).expanduser() if runs_dir is not None else default_runs_dir()
     root.mkdir(parents=True, exist_ok=True)
     return f"{SQLITE}{(root / 'mlflow.db').resolve()}"
+
+
+def check_tracking_uri(uri: str | None) -> None:
+    """A tracking URI MLflow has a store for (sqlite:///..., postgresql://..., http(s)://...), checked by its scheme
+    without opening the store, so a typo fails before any training or sweep starts. None: the default store."""
+    if uri is None:
+        return
+    from mlflow.exceptions import MlflowException
+
+    try:
+        from mlflow.tracking._tracking_service.utils import _tracking_store_registry as registry
+    except ImportError:      # another MLflow layout: the store itself will say
+        return
+    try:
+        registry.get_store_builder(uri)
+    except MlflowException:
+        scheme = uri.split(":", 1)[0] if ":" in uri else uri
+        raise UserError(mask_credentials(f"tracking URI {uri!r}: MLflow has no store for '{scheme}'; use "
+                                         "sqlite:///PATH/mlflow.db, postgresql://... or "
+                                         "http(s)://SERVER")) from None
 
 
 def default_artifact_location(experiment: str, tracking_uri: str | None = None,
@@ -39,16 +62,80 @@ def make_logger(tracking_uri: str | None, experiment: str, run_name: str | None,
     from lightning.pytorch.loggers import MLFlowLogger
 
     uri = tracking_uri or default_tracking_uri()
-    run_file = out_dir / "mlflow_run.json"
-    run_id = json.loads(run_file.read_text())["run_id"] if resume and run_file.exists() else None
+    run_id = read_run_id(out_dir) if resume else None
+    if run_id is not None:
+        from mlflow.exceptions import MlflowException
+        from mlflow.tracking import MlflowClient
+
+        try:
+            MlflowClient(uri).get_run(run_id)
+        except MlflowException:
+            raise UserError(mask_credentials(
+                f"--resume: the MLflow run {run_id} recorded in {out_dir / RUN_FILE} is not in the tracking store "
+                f"{uri}; resume with the tracking_uri the run was logged to, or delete {RUN_FILE} to continue in "
+                "a new MLflow run")) from None
     logger = MLFlowLogger(experiment_name=experiment, run_name=run_name, tracking_uri=uri, run_id=run_id,
                           tags=tags, artifact_location=default_artifact_location(experiment, uri))
     return logger
 
 
+def read_run_id(out_dir: Path) -> str | None:
+    """The MLflow run id a training directory recorded (None when it has no record)."""
+    run_file = Path(out_dir) / RUN_FILE
+    if not run_file.exists():
+        return None
+    try:
+        run_id = json.loads(run_file.read_text())["run_id"]
+        if not isinstance(run_id, str) or not run_id:
+            raise ValueError
+    except (OSError, ValueError, KeyError, TypeError):
+        raise UserError(f"--resume: {run_file} is not a valid MLflow run record (empty or damaged); delete it to "
+                        "continue the training in a new MLflow run") from None
+    return run_id
+
+
+def forget_metrics_from(client, run_id: str, step: int) -> int:
+    """Delete the run's metric points logged at `step` or later; returns how many there were.
+
+    A run killed without warning (SIGKILL, a lost machine) logged some steps after its last checkpoint, and the
+    run resumed from that checkpoint logs those steps again: without this, its curves would hold two points per
+    step. The points go through the tracking store's database (SQLite, PostgreSQL, ...); a tracking server has
+    no call to delete metric points, so there a warning says which steps may appear twice."""
+    import sys
+
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+    store = getattr(getattr(client, "_tracking_client", None), "store", None)
+    if not isinstance(store, SqlAlchemyStore):
+        print(f"warning: the tracking store cannot delete metric points; steps >= {step} logged before the run "
+              "was interrupted may appear twice in MLflow", file=sys.stderr)
+        return 0
+    from mlflow.store.tracking.dbmodels.models import SqlLatestMetric, SqlMetric
+
+    try:
+        writing = store.ManagedSessionMaker(read_only=False)
+    except TypeError:        # MLflow before read-only sessions
+        writing = store.ManagedSessionMaker()
+    with writing as session:
+        n = (session.query(SqlMetric).filter(SqlMetric.run_uuid == run_id, SqlMetric.step >= step)
+             .delete(synchronize_session=False))
+        # latest_metrics (what the run's summary shows) keeps the newest remaining point of each key
+        for latest in session.query(SqlLatestMetric).filter(SqlLatestMetric.run_uuid == run_id,
+                                                            SqlLatestMetric.step >= step).all():
+            newest = (session.query(SqlMetric)
+                      .filter(SqlMetric.run_uuid == run_id, SqlMetric.key == latest.key)
+                      .order_by(SqlMetric.step.desc(), SqlMetric.timestamp.desc(), SqlMetric.value.desc()).first())
+            if newest is None:
+                session.delete(latest)
+            else:
+                latest.step, latest.timestamp = newest.step, newest.timestamp
+                latest.value, latest.is_nan = newest.value, newest.is_nan
+    return n
+
+
 def remember_run(logger, out_dir: Path) -> None:
-    (out_dir / "mlflow_run.json").write_text(json.dumps({"run_id": logger.run_id,
-                                                         "experiment_id": logger.experiment_id}))
+    with atomic_path(out_dir / RUN_FILE) as tmp:
+        tmp.write_text(json.dumps({"run_id": logger.run_id, "experiment_id": logger.experiment_id}))
 
 
 def plot_curves(client, run_id: str, out_png: Path) -> Path | None:
@@ -73,6 +160,7 @@ def plot_curves(client, run_id: str, out_png: Path) -> Path | None:
         axes[2].plot([m.step for m in hist["val/tau"]], [m.value for m in hist["val/tau"]], marker="o")
     axes[2].set_title("val τ (real speculative decoding)"); axes[2].set_xlabel("step")
     fig.tight_layout()
-    fig.savefig(out_png, dpi=110)
+    with atomic_path(out_png, suffix=out_png.suffix) as tmp:
+        fig.savefig(tmp, dpi=110)
     plt.close(fig)
     return out_png

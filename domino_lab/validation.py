@@ -1,0 +1,72 @@
+"""Checks of the values a user gives (CLI flags, config fields, dashboard inputs).
+
+Each failed check is one `UserError` naming the value and what is allowed, raised before any work starts; the
+config dataclasses, the CLIs, the engine and the dashboard all ask these, so every entry point says the same.
+"""
+from __future__ import annotations
+
+import math
+
+from .errors import UserError
+
+SEED_MAX = (1 << 64) - 1          # torch generators take unsigned 64-bit seeds
+TRAIN_SEED_MAX = (1 << 32) - 1    # seed_everything also seeds numpy, which takes 32-bit seeds
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def check_seed(seed, name: str = "seed", high: int = SEED_MAX) -> int:
+    if not _is_int(seed) or not 0 <= seed <= high:
+        raise UserError(f"{name} must be a whole number between 0 and {high}, got {seed!r}")
+    return seed
+
+
+def check_int(value, name: str, low: int | None = None, high: int | None = None, what: str = "") -> int:
+    """`value` is a whole number in [low, high] (either bound None: open); `what` adds what the value means."""
+    ok = _is_int(value) and (low is None or value >= low) and (high is None or value <= high)
+    if not ok:
+        rng = (f">= {low}" if high is None else f"<= {high}" if low is None else f"between {low} and {high}")
+        raise UserError(f"{name} must be a whole number {rng}{what}, got {value!r}")
+    return value
+
+
+def check_number(value, name: str, low: float | None = None, high: float | None = None,
+                 low_open: bool = False, high_open: bool = False) -> float:
+    """`value` is a finite number in the interval given (open ends with low_open / high_open)."""
+    ok = _is_number(value)
+    if ok and low is not None:
+        ok = value > low if low_open else value >= low
+    if ok and high is not None:
+        ok = value < high if high_open else value <= high
+    if not ok:
+        lo = "" if low is None else f"{'(' if low_open else '['}{low}"
+        hi = "" if high is None else f"{high}{')' if high_open else ']'}"
+        rng = f"in {lo or '(-inf'}, {hi or 'inf)'}"
+        raise UserError(f"{name} must be a number {rng}, got {value!r}")
+    return float(value)
+
+
+def check_device(device) -> "torch.device":
+    """A torch device this machine has: 'cpu', 'cuda', 'cuda:1', 'mps', ..."""
+    import torch
+
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError, ValueError):
+        raise UserError(f"unknown device {str(device)!r}; use cpu, cuda, cuda:N or mps") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise UserError(f"device {str(device)!r}: CUDA is not available on this machine (torch "
+                            f"{torch.__version__}, {'a CPU-only build' if torch.version.cuda is None else 'no GPU'}"
+                            "); use --device cpu")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise UserError(f"device {str(device)!r}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    elif dev.type == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+        raise UserError(f"device {str(device)!r}: MPS is not available on this machine; use --device cpu")
+    return dev

@@ -1,0 +1,174 @@
+"""Where speculative decoding pays on this CPU: for Qwen3-shaped targets from the embedded 6.8M model up to the
+shape of Qwen3-0.6B, the measured cost of a plain decoding step, of verifying a block of 8 / 16 drafts, and of a
+matching Domino drafter's draft step, and the speedup bound τ · t_step / (t_draft + t_verify) at τ = 2…6.
+
+    python experiments/regime_map.py                        # -> experiments/results/regime_map.{md,json,png}
+    python experiments/regime_map.py --quick --out /tmp/r   # two tiny shapes (tests)
+
+Random weights (timing does not depend on them) except the embedded default, which is the shipped target. Every
+quantity is the median wall time over interleaved repetitions with a 128-token context in the caches, as inside a
+decode; the drafter is an untrained Domino drafter shaped for the target (one draft layer, 3 taps, the fused head
+with its 64-token candidate pool). The bound is what the engine delivers when it adds no overhead (the committed
+bench measures 100% of it on the embedded default).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+from transformers import DynamicCache, Qwen3Config, Qwen3ForCausalLM
+
+from domino_lab import Drafter, Target
+from domino_lab.config import repo_root
+from domino_lab.errors import atomic_path, run_cli
+from domino_lab.experiments.timing import cached_step
+from domino_lab.target import default_tap_layers
+
+# name: (hidden, layers, heads, kv heads, head_dim, intermediate, vocab); Qwen3-0.6B's published shape last
+SHAPES = {
+    "embedded default (6.8M)": None,
+    "Qwen3-shaped 0.13B": (512, 12, 8, 4, 64, 1536, 151936),
+    "Qwen3-shaped 0.29B": (768, 18, 12, 4, 64, 2304, 151936),
+    "Qwen3-0.6B shape": (1024, 28, 16, 8, 128, 3072, 151936),
+}
+QUICK = {"tiny A": (64, 2, 4, 2, 16, 128, 512), "tiny B": (128, 4, 4, 2, 32, 256, 2048)}
+TAUS = (2, 3, 4, 5, 6)
+CTX = 128
+
+
+def build_target(shape) -> Target:
+    if shape is None:
+        return Target.from_pretrained("default", dtype="float32")
+    h, layers, heads, kv, hd, inter, vocab = shape
+    torch.manual_seed(0)
+    cfg = Qwen3Config(vocab_size=vocab, hidden_size=h, intermediate_size=inter, num_hidden_layers=layers,
+                      num_attention_heads=heads, num_key_value_heads=kv, head_dim=hd, max_position_embeddings=2048,
+                      tie_word_embeddings=True)
+    model = Qwen3ForCausalLM(cfg).eval()
+    return Target(model, None, mask_token_id=vocab - 1, taps=default_tap_layers(layers, 3))
+
+
+def measure(target: Target, reps: int, rounds: int) -> dict:
+    g = torch.Generator().manual_seed(0)
+    params = sum(p.numel() for p in target.model.parameters())
+    prompt = torch.randint(1, target.vocab_size - 1, (1, CTX), generator=g)
+    cache = DynamicCache(config=target.model.config)
+    target.forward(prompt, cache=cache, taps=list(target.taps))
+
+    def verify(k: int):
+        def run():
+            ids = torch.randint(1, target.vocab_size - 1, (1, k), generator=g)
+            target.forward(ids, cache=cache, taps=list(target.taps),
+                           position_ids=torch.arange(CTX, CTX + k)[None])
+            cache.crop(-k)
+        return run
+
+    drafters = {b: Drafter.untrained(target, "domino", block_size=b, num_layers=1) for b in (8, 16)}
+    for d in drafters.values():
+        d.eval()
+    runs = {"step": verify(1), "verify_8": verify(9), "verify_16": verify(17),
+            "draft_8": cached_step(drafters[8], CTX, g), "draft_16": cached_step(drafters[16], CTX, g)}
+    times = {k: [] for k in runs}
+    with torch.no_grad():
+        for f in runs.values():           # warm-up (allocator, the fused head's kernel and tables)
+            f()
+        for _ in range(rounds):
+            for k, f in runs.items():
+                for _ in range(reps):
+                    t0 = time.perf_counter()
+                    f()
+                    times[k].append(time.perf_counter() - t0)
+    ms = {k: 1000 * statistics.median(v) for k, v in times.items()}
+    out = {"params": params, **{f"{k}_ms": v for k, v in ms.items()}}
+    for b in (8, 16):
+        cost = ms[f"draft_{b}"] + ms[f"verify_{b}"]
+        out[f"bound_{b}"] = {str(t): t * ms["step"] / cost for t in TAUS}
+        out[f"tau_for_1x_{b}"] = cost / ms["step"]          # break-even τ
+        out[f"tau_for_2x_{b}"] = 2 * cost / ms["step"]
+    return out
+
+
+def render(res: dict, meta: dict, shipped_tau: float) -> str:
+    lines = [f"# Regime map: where speculative decoding pays on this CPU", "",
+             f"`{meta['command']}`", "",
+             f"Machine: {meta['machine']}, {meta['date']}. Random weights except the embedded default; median wall "
+             f"time, {CTX}-token context; untrained Domino drafter (1 layer, fused head, pool 64). Bound = "
+             "τ · t_step / (t_draft + t_verify).", "",
+             "| target | params | step ms | verify 8 ms | verify 16 ms | draft 8 ms | draft 16 ms | draft/step (8) | "
+             "τ for 1× (8 / 16) | τ for 2× (8 / 16) | bound at τ 2 / 4 / 6 (block 8) | bound at τ 2 / 4 / 6 (block 16) |",
+             "|" + "---|" * 12]
+    for name, r in res.items():
+        b8, b16 = r["bound_8"], r["bound_16"]
+        lines.append(
+            f"| {name} | {r['params'] / 1e6:.1f}M | {r['step_ms']:.1f} | {r['verify_8_ms']:.1f} | "
+            f"{r['verify_16_ms']:.1f} | {r['draft_8_ms']:.1f} | {r['draft_16_ms']:.1f} | "
+            f"{r['draft_8_ms'] / r['step_ms']:.2f} | {r['tau_for_1x_8']:.2f} / {r['tau_for_1x_16']:.2f} | "
+            f"{r['tau_for_2x_8']:.2f} / {r['tau_for_2x_16']:.2f} | "
+            f"{b8['2']:.2f} / {b8['4']:.2f} / {b8['6']:.2f} | {b16['2']:.2f} / {b16['4']:.2f} / {b16['6']:.2f} |")
+    pays = [n for n, r in res.items() if r["tau_for_1x_8"] <= shipped_tau]
+    two = [n for n, r in res.items() if r["tau_for_2x_8"] <= shipped_tau]
+    lines += ["", f"At the shipped Domino drafter's measured τ on math ({shipped_tau:.2f}, block 8, "
+              "`experiments/results/bench.md`), speculative decoding would beat plain decoding on: "
+              f"{', '.join(pays) or 'none of these shapes'}; reach 2× on: {', '.join(two) or 'none of these shapes'}."]
+    return "\n".join(lines) + "\n"
+
+
+def plot(res: dict, out: Path) -> Path:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4))
+    for name, r in res.items():
+        ax.plot(TAUS, [r["bound_8"][str(t)] for t in TAUS], marker="o", label=f"{name} ({r['params'] / 1e6:.0f}M)")
+    ax.axhline(1.0, color="grey", lw=0.8, ls="--")
+    ax.axhline(2.0, color="grey", lw=0.8, ls=":")
+    ax.set_xlabel("τ (tokens per target call), block 8")
+    ax.set_ylabel("speedup bound over plain decoding")
+    ax.set_title("Where speculative decoding pays on a 2-core CPU")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", default="experiments/results/regime_map", help="path stem for .md/.json/.png")
+    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--shipped-tau", type=float, default=1.70, help="the τ to mark (shipped Domino, math)")
+    p.add_argument("--quick", action="store_true", help="two tiny shapes, 2 reps (tests)")
+    a = p.parse_args(argv)
+    torch.set_num_threads(a.threads)
+    shapes = QUICK if a.quick else SHAPES
+    reps, rounds = (2, 1) if a.quick else (a.reps, a.rounds)
+    res = {}
+    for name, shape in shapes.items():
+        res[name] = measure(build_target(shape), reps, rounds)
+        print(f"{name}: {json.dumps({k: v for k, v in res[name].items() if k.endswith('_ms')})}", file=sys.stderr)
+    meta = {"command": "python experiments/regime_map.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+            "machine": f"{platform.machine()}, {a.threads} torch threads, torch {torch.__version__}",
+            "date": time.strftime("%Y-%m-%d")}
+    stem = Path(a.out)
+    stem = stem if stem.is_absolute() else repo_root() / stem
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(stem.with_suffix(".json")) as t:
+        t.write_text(json.dumps({"meta": meta, "results": res}, indent=1))
+    with atomic_path(stem.with_suffix(".md")) as t:
+        t.write_text(render(res, meta, a.shipped_tau) + f"\n![bound vs τ]({stem.name}.png)\n")
+    plot(res, stem.with_suffix(".png"))
+    print(stem.with_suffix(".md").read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    run_cli(main)
