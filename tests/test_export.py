@@ -43,17 +43,9 @@ def ftarget() -> Target:
 def block_logits(drafter, target, seq, start, anchor, drafts):
     """Final logits [n, V] of the block anchored at `start` (context: target features of seq[:start]), the GRU
     reading the given drafts; and the drafter's own greedy drafts for that block."""
-    cfg = drafter.config
     with torch.no_grad():
-        feats = target.forward(torch.tensor([seq[:start]]), taps=cfg.target_layer_ids).features
-        block = torch.full((1, cfg.block_size), cfg.mask_token_id)
-        block[0, 0] = anchor
-        hs = drafter.backbone(drafter.embed(block), torch.arange(start, start + cfg.block_size)[None], feats,
-                              torch.arange(start)[None])
-        h = hs[:, cfg.first_draft_slot: cfg.first_draft_slot + cfg.num_drafts]
-        base = drafter.lm_head(h)
-        final = drafter.head.corrected_logits(h, base, drafter.embed(torch.tensor([[anchor] + drafts[:-1]]))) \
-            if drafter.uses_head else base
+        feats = target.forward(torch.tensor([seq[:start]]), taps=drafter.config.target_layer_ids).features
+        final = drafter.block_logits(feats, start, anchor, drafts[:-1])
         own = drafter.draft(feats, 0, torch.tensor([anchor]), start, None).tokens[0].tolist()
     return final[0], own
 

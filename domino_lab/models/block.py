@@ -69,6 +69,22 @@ class BlockDrafter(Drafter):
                               temperature, top_p, generator, impl=impl, vocab_ids=vm, topk=k)
         return Draft(r.tokens, r.q, bt, r.top)
 
+    @torch.no_grad()
+    def block_logits(self, ctx_feats: torch.Tensor, start: int, anchor: int, prefix: list[int]) -> torch.Tensor:
+        """Final logits [1, n, V] of one block anchored at position `start`, its context the target features
+        ctx_feats [1, start, n_taps * H] of positions 0..start-1, the head reading the given drafts `prefix`
+        (teacher forcing): what another implementation computes for the same block (the interop fixture)."""
+        cfg = self.config
+        block = torch.full((1, cfg.block_size), cfg.mask_token_id, device=ctx_feats.device)
+        block[0, 0] = anchor
+        hs = self.backbone(self.embed(block), torch.arange(start, start + cfg.block_size)[None], ctx_feats,
+                           torch.arange(start)[None])
+        h = hs[:, cfg.first_draft_slot: cfg.first_draft_slot + cfg.num_drafts]
+        base = self.lm_head(h)
+        if not self.uses_head:
+            return base
+        return self.head.corrected_logits(h, base, self.embed(torch.tensor([[anchor] + list(prefix)])))
+
     # ---- training ------------------------------------------------------------------------------
     def training_blocks(self, ctx_feats, input_ids, loss_mask, anchors, keep, prefix_mode="teacher_forcing"
                         ) -> BlockBatch:

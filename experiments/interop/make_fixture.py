@@ -163,21 +163,9 @@ def run_release(mod, model, hf, prompt: torch.Tensor, domino: bool) -> dict:
 def our_block(drafter, target, seq: list[int], start: int, anchor: int, drafts: list[int]):
     """This project's final logits [n, V] of the block at `start` (context = target features of seq[:start]),
     with the GRU reading the given drafts, and its own greedy drafts for that block."""
-    cfg = drafter.config
-    ids = torch.tensor([seq[:start]])
     with torch.no_grad():
-        feats = target.forward(ids, taps=cfg.target_layer_ids).features
-        block = torch.full((1, cfg.block_size), cfg.mask_token_id)
-        block[0, 0] = anchor
-        hs = drafter.backbone(drafter.embed(block), torch.arange(start, start + cfg.block_size)[None], feats,
-                              torch.arange(start)[None])
-        h = hs[:, cfg.first_draft_slot: cfg.first_draft_slot + cfg.num_drafts]
-        base = drafter.lm_head(h)
-        if drafter.uses_head:
-            prefix = torch.tensor([[anchor] + drafts[:-1]])
-            final = drafter.head.corrected_logits(h, base, drafter.embed(prefix))
-        else:
-            final = base
+        feats = target.forward(torch.tensor([seq[:start]]), taps=drafter.config.target_layer_ids).features
+        final = drafter.block_logits(feats, start, anchor, drafts[:-1])
         own = drafter.draft(feats, 0, torch.tensor([anchor]), start, None).tokens[0].tolist()
     return final[0], own
 
