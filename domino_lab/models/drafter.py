@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
+from abc import ABCMeta, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,7 +17,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from ..errors import UserError
+from ..errors import UserError, atomic_dir
 from .config import DrafterConfig
 from .options import InferenceOptions
 from . import registry
@@ -59,7 +58,8 @@ def draft_labels(input_ids: torch.Tensor, loss_mask: torch.Tensor, anchors: torc
     return labels, valid
 
 
-class Drafter(nn.Module):
+class Drafter(nn.Module, metaclass=ABCMeta):
+    """A family subclass implements the abstract methods and registers itself (models/registry.py)."""
     supports_batched = True     # can draft for several rows with ragged caches (decoding/batched.py)
     has_head = False            # has a correction trained with the λ curriculum
 
@@ -87,10 +87,11 @@ class Drafter(nn.Module):
     def check_config(cls, config: DrafterConfig) -> None:
         """Family-specific rules on the architecture (called when a DrafterConfig is made)."""
 
+    @abstractmethod
     def build(self, config: DrafterConfig) -> None:
         """Create the family's modules."""
-        raise NotImplementedError
 
+    @abstractmethod
     def draft(self, ctx_feats: torch.Tensor | None, ctx_start, anchor: torch.Tensor, start, cache,
               n: int | None = None, temperature: float = 0.0, top_p: float = 1.0,
               generator: torch.Generator | None = None, topk: int = 5,
@@ -104,18 +105,17 @@ class Drafter(nn.Module):
         fewer tokens). ctx_ids [b, C]: the tokens at those positions (families that pair a feature with the next
         token's embedding read them).
         """
-        raise NotImplementedError
 
+    @abstractmethod
     def training_blocks(self, ctx_feats: torch.Tensor, input_ids: torch.Tensor, loss_mask: torch.Tensor,
                         anchors: torch.Tensor, keep: torch.Tensor, prefix_mode: str = "teacher_forcing"
                         ) -> BlockBatch:
         """Logits of the drafts after every anchor [b, N] in one forward (the target's features ctx_feats of the
         whole sequence given): what the training objective scores."""
-        raise NotImplementedError
 
+    @abstractmethod
     def body_parts(self) -> dict[str, nn.Module]:
         """The family's modules by role, for parameter counts: {"backbone": ..., "head": ... (optional)}."""
-        raise NotImplementedError
 
     def _init_weights(self):
         # HF post_init style: N(0, 0.02) linears; RMSNorm weights stay 1; the GRU keeps PyTorch's default.
@@ -200,31 +200,13 @@ class Drafter(nn.Module):
                 "head_over_backbone_pct": round(100.0 * head / backbone, 2) if backbone else 0.0}
 
     def save_pretrained(self, out_dir: str | os.PathLike) -> Path:
-        """config.json + model.safetensors, written to a temp dir and swapped into place: an existing directory is
-        renamed aside first and deleted only once the new one is in, so a crash leaves the old or the new one."""
-        out = Path(out_dir)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-        old = None
-        try:
+        """config.json + model.safetensors, written to a temporary directory and swapped into place (errors.atomic_dir):
+        a crash leaves the old drafter or the new one, never neither."""
+        with atomic_dir(out_dir) as tmp:
             (tmp / "config.json").write_text(self.config.to_json())
             state = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
             save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt", "method": self.config.method})
-            if out.exists():
-                old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old.", dir=out.parent))
-                os.replace(out, old)
-            try:
-                os.replace(tmp, out)
-            except BaseException:
-                if old is not None:     # put the old one back
-                    os.replace(old, out)
-                    old = None
-                raise
-        finally:
-            for leftover in (tmp, old):
-                if leftover is not None and leftover.exists():
-                    shutil.rmtree(leftover)
-        return out
+        return Path(out_dir)
 
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike, target) -> "Drafter":
