@@ -86,6 +86,7 @@ class Catalog:
         targets += [Entry(name, name, spec) for name, spec in extra]
         drafters = [Entry("default", "default (shipped Domino)", "default"),
                     Entry("default-dflash", "default-dflash (shipped DFlash)", "default-dflash"),
+                    Entry("default-eagle", "default-eagle (shipped EAGLE-style chain)", "default-eagle"),
                     Entry(PLAIN, "none (plain decoding)", None)]
         drafters += [Entry(str(d), str(d), str(d)) for d in self._extra_drafters]
         if self.runs_dir is not None:

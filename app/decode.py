@@ -13,6 +13,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from domino_lab.decoding import GenerationResult, StepRecord, speculative_generate
+from domino_lab.decoding.engine import check_tree_mode
 from domino_lab.errors import UserError
 from domino_lab.validation import check_seed
 from domino_lab.decoding.metrics import StepTally
@@ -20,6 +21,7 @@ from domino_lab.decoding.metrics import StepTally
 TOPK_STORED = 32          # top-k kept per position by the engine (the inspector shows the first few)
 MAX_NEW_TOKENS = 512
 MAX_BLOCK = 32
+MAX_TREE_NODES = 128      # the dashboard's cap (the engine takes more); a tree of 128 nodes is already hard to read
 
 
 @dataclass
@@ -32,6 +34,7 @@ class Request:
     temperature: float = 0.0
     max_new_tokens: int = 64
     seed: int = 0
+    tree_nodes: int = 0          # > 0: verify a draft tree of this many nodes per step (0 = the chain)
 
     def checked(self) -> "Request":
         if not isinstance(self.prompt, str) or not self.prompt.strip():
@@ -48,6 +51,12 @@ class Request:
         if not 0.0 <= self.temperature <= 2.0:
             raise UserError("temperature must be between 0 and 2")
         check_seed(self.seed)
+        try:
+            self.tree_nodes = int(self.tree_nodes or 0)
+        except (TypeError, ValueError):
+            raise UserError("tree nodes must be a whole number (0 = chain verification)") from None
+        if not 0 <= self.tree_nodes <= MAX_TREE_NODES:
+            raise UserError(f"tree nodes must be between 0 (chain verification) and {MAX_TREE_NODES}")
         return self
 
 
@@ -104,6 +113,8 @@ def stream(catalog, req: Request, min_interval: float = 0.05, measure_plain: boo
     req.checked()
     target = catalog.target(req.target)
     drafter = catalog.drafter(req.target, req.drafter, req.head_on)
+    if req.tree_nodes:
+        check_tree_mode(drafter, req.temperature)
     snap = Snapshot(req.target)
     if drafter is None:
         snap.head = "plain"
@@ -125,7 +136,7 @@ def stream(catalog, req: Request, min_interval: float = 0.05, measure_plain: boo
         try:
             res = speculative_generate(target, drafter, prompt=req.prompt, max_new_tokens=req.max_new_tokens,
                                        temperature=req.temperature, block_size=req.block_size, seed=req.seed,
-                                       topk=TOPK_STORED, on_step=on_step)
+                                       topk=TOPK_STORED, on_step=on_step, tree_nodes=req.tree_nodes)
             q.put(("done", res, time.perf_counter()))
         except BaseException as e:   # handed to the consumer, which raises it in the request's thread
             q.put(("error", e, time.perf_counter()))
@@ -245,6 +256,72 @@ def chain_html(snap: Snapshot, texts: Texts) -> str:
     return LEGEND + f'<div class="chain">{"".join(parts)}{cursor}</div>'
 
 
+TREE_LEGEND = ('<div class="legend">one tree per verify step, drawn from the anchor: '
+               '<span class="tile acc">accepted</span> the path the target agreed with · '
+               '<span class="tile bonus">bonus</span> the target\'s own next token · '
+               '<span class="tile rej">rejected</span> branches the target did not take</div>')
+
+
+def tree_html(snap: Snapshot | None, texts: Texts | None, last: int | None = None) -> str:
+    """Each tree step's draft tree as nested lists: the accepted path highlighted, the bonus hanging off its last
+    node, every other branch greyed. Chain steps (no tree fields) are skipped; `last` keeps only the newest trees;
+    no snapshot (before a decode) draws the legend and a hint."""
+    steps = [(i, s) for i, s in enumerate(snap.steps) if s.tree_tokens is not None] if snap is not None else []
+    if not steps:
+        return TREE_LEGEND + '<div class="trees empty">no tree steps: set tree nodes above 0 and decode</div>'
+    if last is not None:
+        steps = steps[-last:]
+    parts = []
+    for i, s in steps:
+        kids: dict[int, list[int]] = {}
+        for j, p in enumerate(s.tree_parents):
+            kids.setdefault(p, []).append(j)
+        on_path = set(s.tree_path or [])
+        tail = s.tree_path[-1] if s.tree_path else -1
+
+        def sub(node: int) -> str:
+            items = []
+            for j in kids.get(node, []):
+                t = s.tree_tokens[j]
+                cls = "acc" if j in on_path else "rej"
+                title = f"step {i + 1} · depth {len(_ancestors(s.tree_parents, j))} · id {t} · " + (
+                    "accepted" if cls == "acc" else "not taken")
+                items.append(f"<li>{_tile(cls, texts.html(t), title)}{sub(j)}</li>")
+            if node == tail and s.bonus is not None:
+                items.append(f'<li>{_tile("bonus", texts.html(s.bonus), f"step {i + 1} · bonus · id {s.bonus}")}</li>')
+            return f"<ul>{''.join(items)}</ul>" if items else ""
+
+        head = (f'<span class="step-no">{i + 1}</span>{_tile("anchor", texts.html(s.anchor), f"anchor · id {s.anchor}")}'
+                f' <span class="tmeta">{len(s.tree_tokens)} nodes · {s.accepted} accepted</span>')
+        parts.append(f'<div class="tstep">{head}{sub(-1)}</div>')
+    return TREE_LEGEND + f'<div class="trees">{"".join(parts)}</div>'
+
+
+def _ancestors(parents: list[int], j: int) -> list[int]:
+    out = [j]
+    while parents[out[-1]] >= 0:
+        out.append(parents[out[-1]])
+    return out
+
+
+TREE_CSS = """
+.legend { font-size: 12px; color: #475569; margin-bottom: 6px; }
+.trees { max-height: 520px; overflow-y: auto; font-family: ui-monospace, SFMono-Regular, Menlo, monospace;
+         font-size: 13px; }
+.tstep { border: 1px solid #cbd5e1; border-radius: 6px; padding: 2px 6px; margin: 3px 0; background: #f8fafc; }
+.tstep ul { list-style: none; margin: 0; padding-left: 14px; border-left: 1px dotted #cbd5e1; }
+.tstep li { margin: 1px 0; }
+.tile { display: inline-block; padding: 0 3px; margin: 0 1px; border-radius: 3px; white-space: pre; color: #0f172a; }
+.acc { background: #bbf7d0; color: #14532d; font-weight: 600; }
+.bonus { background: #fdba74; color: #7c2d12; font-weight: 600; }
+.rej { background: #f1f5f9; color: #94a3b8; }
+.anchor { background: #e2e8f0; }
+.ws { opacity: 0.45; }
+.step-no { font-size: 9px; color: #64748b; vertical-align: super; margin-right: 2px; }
+.tmeta { font-size: 11px; color: #64748b; }
+"""
+
+
 def _fmt(x, spec: str, none: str = "–") -> str:
     return none if x is None else format(x, spec)
 
@@ -273,8 +350,11 @@ def record(snap: Snapshot, texts: Texts, req: Request) -> dict:
                       "rejected_text": [texts.raw(t) for t in rej],
                       "bonus_text": texts.raw(s.bonus) if s.bonus is not None else None,
                       "draft_ms": round(1000 * s.draft_time_s, 3), "verify_ms": round(1000 * s.verify_time_s, 3)})
+        if s.tree_tokens is not None:
+            steps[-1]["tree"] = {"tokens": s.tree_tokens, "parents": s.tree_parents, "path": s.tree_path}
     first = snap.token_ids[:1]
     return {"target": req.target, "drafter": req.drafter, "head": snap.head, "block_size": req.block_size,
+            "tree_nodes": req.tree_nodes,
             "temperature": req.temperature, "prefill": first[0] if first else None, "steps": steps,
             "counters": counters(snap), "token_ids": snap.token_ids,
             "text": snap.result.text if snap.done else texts.target.decode(snap.token_ids)}

@@ -14,8 +14,9 @@ from domino_lab.errors import UserError
 
 from . import runs as runs_view
 from .catalog import Catalog
-from .decode import (CHAIN_CSS, CLICK_JS, COUNTERS_CSS, LEGEND, MAX_BLOCK, MAX_NEW_TOKENS, Request, Texts,
-                     acceptance, acceptance_frame, chain_html, counters, counters_html, record, stream)
+from .decode import (CHAIN_CSS, CLICK_JS, COUNTERS_CSS, LEGEND, MAX_BLOCK, MAX_NEW_TOKENS, MAX_TREE_NODES, TREE_CSS,
+                     Request, Texts, acceptance, acceptance_frame, chain_html, counters, counters_html, record, stream,
+                     tree_html)
 from .inspector import INSPECTOR_CSS, inspect_position, inspector_html, interesting_position
 
 log = logging.getLogger("app")
@@ -102,6 +103,8 @@ def build_demo(catalog: Catalog, examples: list[dict] | None = None, stream_inte
                         target, drafter = _settings(catalog)
                         head = gr.Checkbox(True, label="Domino head on (off = the same drafter as DFlash)")
                         block, temp, max_tokens, seed = _knobs()
+                        tree_n = gr.Slider(0, MAX_TREE_NODES, value=0, step=1, elem_id="tree-nodes",
+                                           label="tree nodes (0 = chain; > 0 verifies a draft tree, greedy only)")
                         with gr.Row():
                             go = gr.Button("Decode", variant="primary", elem_id="decode-btn")
                             stop = gr.Button("Stop")
@@ -119,6 +122,9 @@ def build_demo(catalog: Catalog, examples: list[dict] | None = None, stream_inte
                     with gr.Column(scale=2):
                         bars = _bar_plot("acceptance per draft position (this decode)")
                 text = gr.Textbox(label="generated text", lines=4, max_lines=12)
+                with gr.Accordion("draft trees (tree verification)", open=True):
+                    trees_box = _html(TREE_CSS, value=tree_html(None, None), elem_id="trees",
+                                      label="draft trees")
                 with gr.Accordion("raw step records and inspector data (JSON)", open=False):
                     rec_json = gr.JSON(label="decode")
                     insp_json = gr.JSON(label="inspector")
@@ -166,24 +172,28 @@ def build_demo(catalog: Catalog, examples: list[dict] | None = None, stream_inte
                                        label="selected runs", interactive=False)
 
         # ---------------------------------------------------------------- handlers
-        def decode(prompt, target, drafter, head, block, temp, max_tokens, seed):
+        def decode(prompt, target, drafter, head, block, temp, max_tokens, seed, tree_nodes=0):
             try:
-                req = Request(prompt, target, drafter, bool(head), block, temp, max_tokens, seed).checked()
+                req = Request(prompt, target, drafter, bool(head), block, temp, max_tokens, seed,
+                              tree_nodes).checked()
                 texts = Texts(catalog.target(req.target))
                 catalog.drafter(req.target, req.drafter, req.head_on)     # a misfit drafter fails here, early
                 wait = LEGEND + '<div class="chain empty">measuring plain decoding of this prompt…</div>'
-                yield wait, "", "", None, gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip()
+                yield (wait, "", "", None, gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip(),
+                       tree_html(None, texts))
                 for snap in stream(catalog, req, min_interval=stream_interval):
                     shown = (chain_html(snap, texts), counters_html(counters(snap)),
                              texts.target.decode(snap.token_ids), record(snap, texts, req))
+                    # while streaming only the newest trees (redrawing hundreds of them per step would dominate)
+                    trees = tree_html(snap, texts, last=None if snap.done else 3)
                     if not snap.done:
-                        yield *shown, gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip()
+                        yield *shown, gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip(), trees
                         continue
                     steps = snap.steps
                     where = interesting_position(steps)
                     info = inspect_position(steps, texts, *where) if where else None
                     yield (*shown, _bars(acceptance(snap)), {"target": req.target, "steps": steps},
-                           inspector_html(info), info, where[0] if where else 1, where[1] if where else 1)
+                           inspector_html(info), info, where[0] if where else 1, where[1] if where else 1, trees)
             except Exception as e:
                 raise _error(e) from None
 
@@ -207,8 +217,8 @@ def build_demo(catalog: Catalog, examples: list[dict] | None = None, stream_inte
         def on_drafter(value):
             return gr.update(interactive=catalog.has_head(value))
 
-        ev = go.click(decode, [prompt, target, drafter, head, block, temp, max_tokens, seed],
-                      [chain, counters_box, text, rec_json, bars, state, insp, insp_json, step_n, pos_n],
+        ev = go.click(decode, [prompt, target, drafter, head, block, temp, max_tokens, seed, tree_n],
+                      [chain, counters_box, text, rec_json, bars, state, insp, insp_json, step_n, pos_n, trees_box],
                       api_name="decode")
         stop.click(None, cancels=[ev])
         insp_btn.click(inspect, [state, step_n, pos_n], [insp, insp_json], api_name="inspect")

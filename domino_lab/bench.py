@@ -5,7 +5,8 @@ Methods: `ar` (plain greedy through our engine), `hf` (`generate(do_sample=False
 `hf-assisted` (a small autoregressive assistant of the same tokenizer), `dflash` and `domino` (our drafters), and
 `domino-eager` / `domino-fast` / `domino-compiled` (the same Domino drafter with the eager reference head, the
 fast head in torch ops, or its greedy rollout compiled by torch.compile; `domino` uses the drafter's own setting,
-by default the fused C++ loop: what each head path costs per draft step).
+by default the fused C++ loop: what each head path costs per draft step), and `dflash-tree` / `domino-tree` (the same
+two drafters verified as draft trees of `--tree-nodes` nodes, 32 by default, instead of chains).
 Every method's tokens are checked against `ar`'s on every prompt (greedy decoding is lossless).
 """
 from __future__ import annotations
@@ -21,10 +22,12 @@ from pathlib import Path
 from .errors import UserError, run_cli, atomic_path
 
 METHODS = ("ar", "hf", "hf-prompt-lookup", "hf-assisted", "dflash", "domino-eager", "domino-fast", "domino-compiled",
-           "domino")
-OURS = ("ar", "dflash", "domino-eager", "domino-fast", "domino-compiled", "domino")
+           "domino", "dflash-tree", "domino-tree")
+OURS = ("ar", "dflash", "domino-eager", "domino-fast", "domino-compiled", "domino", "dflash-tree", "domino-tree")
 HEAD_VARIANTS = {"domino-eager": ("eager", 0), "domino-fast": ("fast", None),    # method -> (impl, pool)
                  "domino-compiled": ("compiled", None)}
+TREE_METHODS = {"dflash-tree": "dflash", "domino-tree": "domino"}   # method -> the drafter slot it verifies as a tree
+DEFAULT_TREE_NODES = 32
 
 
 @dataclass
@@ -38,9 +41,10 @@ class Run:
 
 class Bench:
     def __init__(self, target, methods, drafters: dict, assistant=None, max_new_tokens: int = 128,
-                 prompt_lookup_tokens: int = 10):
+                 prompt_lookup_tokens: int = 10, tree_nodes: int = DEFAULT_TREE_NODES):
         self.target, self.methods, self.drafters = target, list(methods), drafters
         self.assistant, self.max_new, self.lookup = assistant, max_new_tokens, prompt_lookup_tokens
+        self.tree_nodes = tree_nodes             # node budget of the *-tree methods
         self.calls = 0
         # counts target forwards inside HF generate (one per verification for the assisted methods)
         target.model.register_forward_pre_hook(self._count)
@@ -54,7 +58,8 @@ class Bench:
 
         if method in OURS or method in self.drafters:
             res = speculative_generate(self.target, self.drafters.get(method), prompt_ids=ids,
-                                       max_new_tokens=self.max_new)
+                                       max_new_tokens=self.max_new,
+                                       tree_nodes=self.tree_nodes if method in TREE_METHODS else 0)
             n = self.drafters[method].config.num_drafts if method in self.drafters else 0
             return Run(res.token_ids, res.wall_time_s, len(res.steps), StepTally(n).add(res.steps))
         return self._hf(method, ids)
@@ -144,9 +149,10 @@ def bench_batched(b: Bench, prompts: list[dict], sizes: list[int], ref: dict | N
     from .decoding.batched import batched_generate
 
     ids = [b.target.encode(p["prompt"]) for p in prompts]
-    # our decoders that batch (the head's cost shows at batch 1, so its variants are left out here)
+    # our decoders that batch (the head's cost shows at batch 1, so its variants are left out here; tree
+    # verification decodes one sequence at a time)
     methods = [m for m in b.methods if (m == "ar" or (m in b.drafters and b.drafters[m].supports_batched))
-               and m not in HEAD_VARIANTS]
+               and m not in HEAD_VARIANTS and m not in TREE_METHODS]
     batched_generate(b.target, None, ids[:2], 4)                       # warm-up
     out: dict = {}
     for size in sizes:
@@ -246,6 +252,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "registered method, or untrained:METHOD")
     from .models.options import add_inference_args
     add_inference_args(p)
+    p.add_argument("--tree-nodes", type=int, default=DEFAULT_TREE_NODES, metavar="N",
+                   help=f"node budget of the dflash-tree and domino-tree methods (default {DEFAULT_TREE_NODES})")
     p.add_argument("--prompt-lookup-tokens", type=int, default=10)
     p.add_argument("--limit", type=int, default=None, help="first N prompts of every set")
     p.add_argument("--max-new-tokens", type=int, default=128)
@@ -283,6 +291,11 @@ def main(argv: list[str] | None = None) -> int:
     for flag in ("max_new_tokens", "prompt_lookup_tokens"):
         if getattr(args, flag) < 1:
             raise UserError(f"--{flag.replace('_', '-')} must be at least 1")
+    from .decoding.tree import check_tree_nodes
+
+    if check_tree_nodes(args.tree_nodes, "--tree-nodes") == 0 and set(TREE_METHODS) & set(args.methods):
+        raise UserError("--tree-nodes must be >= 1 for the dflash-tree and domino-tree methods (0 is the chain: "
+                        "bench dflash / domino for that)")
     if any(x < 1 for x in args.batch_sizes):
         raise UserError("--batch-sizes must be positive integers")
     if args.warmup < 0:
@@ -303,6 +316,7 @@ def main(argv: list[str] | None = None) -> int:
     options = InferenceOptions.from_args(args)
     # drafter slot -> (spec, options): the two named slots, the head variants of `domino`, then --drafter LABEL=SPEC
     specs = {m: (getattr(args, m), options) for m in ("dflash", "domino") if m in args.methods}
+    specs |= {m: (getattr(args, slot), options) for m, slot in TREE_METHODS.items() if m in args.methods}
     for m, (impl, pool) in HEAD_VARIANTS.items():
         if m in args.methods:
             specs[m] = (args.domino, replace(options, head_impl=impl,
@@ -320,7 +334,7 @@ def main(argv: list[str] | None = None) -> int:
     methods = [m for m in METHODS if m in args.methods] + extra
     if "ar" not in methods:
         methods.insert(0, "ar")     # the reference for losslessness and speedup
-    b = Bench(target, methods, drafters, assistant, args.max_new_tokens, args.prompt_lookup_tokens)
+    b = Bench(target, methods, drafters, assistant, args.max_new_tokens, args.prompt_lookup_tokens, args.tree_nodes)
     started = time.time()
     results = {s: bench_set(b, prompts, args.warmup) for s, prompts in sets.items()}
     batched = {s: bench_batched(b, prompts, args.batch_sizes) for s, prompts in sets.items()} if args.batch_sizes else {}
@@ -329,7 +343,8 @@ def main(argv: list[str] | None = None) -> int:
                        f"threads, torch {torch.__version__}", "date": time.strftime("%Y-%m-%d %H:%M"),
             "target": args.target, "drafters": {m: spec for m, (spec, _) in specs.items()},
             "domino_head": asdict(drafters["domino"].options) if "domino" in drafters else None,
-            "max_new_tokens": args.max_new_tokens, "wall_s": round(time.time() - started, 1)}
+            "max_new_tokens": args.max_new_tokens, "wall_s": round(time.time() - started, 1),
+            "tree_nodes": args.tree_nodes if set(TREE_METHODS) & set(methods) else None}
     from .config import default_runs_dir
 
     out = Path(args.out) if args.out else default_runs_dir() / "bench"

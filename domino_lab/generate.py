@@ -30,6 +30,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     from .models.options import add_inference_args
     add_inference_args(p, block_size=True)
+    p.add_argument("--tree-nodes", type=int, default=0, metavar="N",
+                   help="verify a draft tree of N nodes per step instead of the chain (block drafters, greedy "
+                        "only; 0 = chain, the default)")
     p.add_argument("--steps", action="store_true", help="include per-step records in the JSON")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
     return p
@@ -40,7 +43,8 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from . import Target, speculative_generate
-    from .decoding.engine import prompt_token_ids
+    from .decoding.engine import check_tree_mode, prompt_token_ids
+    from .decoding.tree import check_tree_nodes
     from .models import InferenceOptions, load_drafter
     from .validation import check_device, check_seed
 
@@ -51,6 +55,7 @@ def main(argv: list[str] | None = None) -> int:
         raise UserError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
     if args.temperature < 0 or not 0 < args.top_p <= 1:
         raise UserError("--temperature must be >= 0 and --top-p in (0, 1]")
+    check_tree_nodes(args.tree_nodes, "--tree-nodes")
     torch.manual_seed(args.seed)
     from .data.eval_sets import load_eval_set
 
@@ -63,9 +68,12 @@ def main(argv: list[str] | None = None) -> int:
                             f"prompt {row['id']!r} (number {i} of {args.prompts})")
            for i, row in enumerate(prompts, 1)]
     drafter = load_drafter(args.drafter, target, seed=args.seed, options=options)
+    if args.tree_nodes:
+        check_tree_mode(drafter, args.temperature)
     for row, prompt_ids in zip(prompts, ids):
         res = speculative_generate(target, drafter, prompt_ids=prompt_ids, max_new_tokens=args.max_new_tokens,
-                                   temperature=args.temperature, top_p=args.top_p, seed=args.seed)
+                                   temperature=args.temperature, top_p=args.top_p, seed=args.seed,
+                                   tree_nodes=args.tree_nodes)
         if args.json:
             d = res.to_dict(steps=args.steps)
             if row["id"] is not None:

@@ -24,13 +24,21 @@ class SpeculativeDecoder(pl.LightningModule):
     one record per prompt (the generate contract of docs/design.md#contracts, with the per-step records)."""
 
     def __init__(self, target, drafter=None, max_new_tokens: int = 128, temperature: float = 0.0,
-                 top_p: float = 1.0, block_size: int | None = None, seed: int = 0, steps: bool = True):
+                 top_p: float = 1.0, block_size: int | None = None, seed: int = 0, steps: bool = True,
+                 tree_nodes: int = 0):
         super().__init__()
         self.target, self.drafter = target, drafter
         # registered as submodules so Lightning moves them to the device (and casts them for the precision)
         self.target_model = target.model
         self.draft_model = drafter
-        self.gen = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, block_size=block_size)
+        from .decoding.engine import check_tree_mode
+        from .decoding.tree import check_tree_nodes
+
+        tree_nodes = check_tree_nodes(tree_nodes)
+        if tree_nodes:               # a misfit fails here, before Lightning starts
+            check_tree_mode(drafter, temperature)
+        self.gen = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, block_size=block_size,
+                        tree_nodes=tree_nodes)
         self.seed, self.steps = seed, steps
 
     def predict_step(self, batch: list[dict], batch_idx: int, dataloader_idx: int = 0) -> list[dict]:
@@ -51,10 +59,10 @@ def _collate(rows: list[dict]) -> list[dict]:
 def predict(target, drafter, prompts, *, max_new_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0,
             block_size: int | None = None, seed: int = 0, batch_size: int = 1, accelerator: str = "auto",
             devices="auto", strategy: str = "auto", precision: str | None = None, dtype: str | None = None,
-            steps: bool = True, options=None) -> list[dict]:
+            steps: bool = True, options=None, tree_nodes: int = 0) -> list[dict]:
     """Decode an eval set (name, JSONL path or list of {id, prompt}) with `Trainer.predict`; returns this
     process's rows (all rows on a single device; each rank's share under data parallelism). `options`: the
-    InferenceOptions a drafter given by name runs with."""
+    InferenceOptions a drafter given by name runs with; `tree_nodes` > 0 verifies draft trees of that many nodes."""
     from .data.eval_sets import load_eval_set
     from .models import load_drafter
     from .target import Target
@@ -66,7 +74,8 @@ def predict(target, drafter, prompts, *, max_new_tokens: int = 128, temperature:
         target = Target.from_pretrained(target, dtype=dtype)
     if isinstance(drafter, str):
         drafter = load_drafter(drafter, target, options=options)
-    module = SpeculativeDecoder(target, drafter, max_new_tokens, temperature, top_p, block_size, seed, steps)
+    module = SpeculativeDecoder(target, drafter, max_new_tokens, temperature, top_p, block_size, seed, steps,
+                                tree_nodes)
     trainer = pl.Trainer(accelerator=accelerator, devices=devices, strategy=strategy,
                          precision=precision or "32-true", logger=False, enable_checkpointing=False,
                          enable_progress_bar=sys.stderr.isatty(), enable_model_summary=False)
@@ -91,6 +100,8 @@ def main(argv=None) -> int:
     p.add_argument("--precision", default=None, help="e.g. bf16-mixed on GPU (default 32-true)")
     p.add_argument("--dtype", default=None)
     p.add_argument("--limit", type=int, default=None)
+    p.add_argument("--tree-nodes", type=int, default=0, metavar="N",
+                   help="verify a draft tree of N nodes per step (block drafters, greedy only; 0 = chain)")
     from .models.options import add_inference_args
     add_inference_args(p, block_size=True)
     args = p.parse_args(argv)
@@ -99,12 +110,15 @@ def main(argv=None) -> int:
 
     if args.max_new_tokens < 1:
         raise UserError("--max-new-tokens must be at least 1")
+    from .decoding.tree import check_tree_nodes
+
+    check_tree_nodes(args.tree_nodes, "--tree-nodes")
     rows = load_eval_set(args.prompts, limit=args.limit)
     devices = int(args.devices) if str(args.devices).isdigit() else args.devices
     out = predict(args.target, args.drafter, rows, max_new_tokens=args.max_new_tokens,
                   temperature=args.temperature, batch_size=args.batch_size, accelerator=args.accelerator,
                   devices=devices, strategy=args.strategy, precision=args.precision, dtype=args.dtype,
-                  options=InferenceOptions.from_args(args))
+                  options=InferenceOptions.from_args(args), tree_nodes=args.tree_nodes)
     path = Path(args.out)
     rank = out[0]["rank"] if out else 0
     if rank:

@@ -62,6 +62,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.prompts is not None:
         from .data.eval_sets import EVAL_SETS, load_eval_set
 
+        if args.prompts == "unseen":
+            raise UserError("--prompts unseen: that set is evaluation ground (prompts from outside the project's "
+                            "corpora) and never training data; regenerate from the default corpora or a JSONL file")
         domain = args.prompts if args.prompts in EVAL_SETS else "custom"
         prompts = [dict(p, domain=domain) for p in load_eval_set(args.prompts, cache_dir=args.cache_dir)]
     else:

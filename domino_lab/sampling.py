@@ -1,5 +1,6 @@
-"""Sampling, the two verification rules (greedy longest prefix; standard speculative sampling) and the commit
-rule. A leaf module: the drafters (models/) sample with it and the decoders (decoding/) verify with it."""
+"""Sampling, the two verification rules (greedy longest prefix; standard speculative sampling), the commit rule
+and the ranking of a draft tree's children. A leaf module: the drafters (models/) sample with it and the decoders
+(decoding/) verify with it."""
 from __future__ import annotations
 
 import torch
@@ -71,3 +72,16 @@ def rejection_accept(drafts: torch.Tensor, q: torch.Tensor, p: torch.Tensor,
         dist = residual / total if total > 0 else p[i]
         return i, int(torch.multinomial(dist, 1, generator=generator))
     return n, int(torch.multinomial(p[n], 1, generator=generator))
+
+
+def top_children(logits: torch.Tensor, k: int, cols: torch.Tensor | None = None
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The k most probable next tokens per row of logits [r, C] (tree drafting ranks branches by them).
+
+    cols: the vocabulary id of every column ([C] or [1, C]; None = the column index, i.e. the whole vocabulary).
+    Returns (log-probabilities under softmax(logits) [r, k], vocabulary ids [r, k], the logits [r, k]), best first."""
+    logits = logits.float()
+    top = logits.topk(min(k, logits.shape[-1]), dim=-1)
+    logp = top.values - torch.logsumexp(logits, -1, keepdim=True)
+    ids = top.indices if cols is None else cols.reshape(1, -1).expand(logits.shape[0], -1).gather(-1, top.indices)
+    return logp, ids, top.values

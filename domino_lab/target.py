@@ -44,8 +44,9 @@ def default_tap_layers(num_layers: int, k: int = 5) -> list[int]:
 
 @dataclass
 class TargetOutput:
-    logits: torch.Tensor          # [b, t, V]
+    logits: torch.Tensor          # [b, t, V] (with `logits_rows`: [b, len(logits_rows), V])
     features: torch.Tensor | None  # [b, t, len(taps) * H], raw outputs of the tapped layers, concatenated
+    hidden: torch.Tensor | None = None   # [b, t, H] final-normed states (only with `logits_rows`; see logits_at)
 
 
 class Target:
@@ -162,14 +163,33 @@ class Target:
 
     @torch.no_grad()
     def forward(self, input_ids: torch.Tensor, cache=None, taps: list[int] | None = None,
-                attention_mask: torch.Tensor | None = None, position_ids: torch.Tensor | None = None) -> TargetOutput:
-        """One target forward; `taps` (decoder-layer indices) selects which hidden states become features."""
-        out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                         cache=cache, use_cache=cache is not None, output_hidden_states=taps is not None)
+                attention_mask: torch.Tensor | None = None, position_ids: torch.Tensor | None = None,
+                logits_rows: list[int] | None = None) -> TargetOutput:
+        """One target forward; `taps` (decoder-layer indices) selects which hidden states become features.
+
+        `logits_rows`: run the LM head on these positions only and return every position's final-normed state in
+        `hidden` (`logits_at` scores more rows later). Tree verification needs the logits of the rows its walk
+        visits, a few of the tree's N + 1; on a small target the LM head is a large share of a forward."""
+        if logits_rows is None:
+            out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                             cache=cache, use_cache=cache is not None, output_hidden_states=taps is not None)
+            hidden, logits = None, out.logits
+        else:
+            out = self.model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask,
+                                           position_ids=position_ids, cache=cache, use_cache=cache is not None,
+                                           output_hidden_states=taps is not None)
+            hidden = out.last_hidden_state
+            logits = self.logits_at(hidden[:, logits_rows])
         feats = None
         if taps is not None:
             feats = torch.cat([out.hidden_states[j + 1] for j in taps], dim=-1)
-        return TargetOutput(out.logits, feats)
+        return TargetOutput(logits, feats, hidden)
+
+    @torch.no_grad()
+    def logits_at(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The LM head on final-normed states. Models that rescale or soft-cap logits after the head (a monotone
+        map) get the same argmax, which is all greedy verification reads."""
+        return self.lm_head(hidden)
 
     @torch.no_grad()
     def features(self, input_ids: torch.Tensor, taps: list[int]) -> torch.Tensor:

@@ -26,7 +26,8 @@ from domino_lab.experiments.curves import loss_history, plot_loss_curves
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "experiments" / "configs"
 RESULTS = ROOT / "experiments" / "results"
-SHIP = {"domino": "drafter-domino", "dflash": "drafter-dflash"}
+SHIP = {"domino": ("drafter-domino", "default"), "dflash": ("drafter-dflash", "default-dflash"),
+        "eagle": ("drafter-eagle", "default-eagle")}
 
 
 def run_dir(runs: Path, recipe: str, seed: int) -> Path:
@@ -93,13 +94,55 @@ def plot_curves(curves: dict, out_png: Path) -> None:
                      "CE of the base (backbone) logits, running mean of 25")
 
 
+def convergence_curves(runs: Path, recipes, seed: int) -> dict:
+    """Per recipe (one seed): val/tau and val/accept_pos_i (acceptance of draft i given drafts < i were accepted,
+    from real decoding of the validation prompts) at every evaluation, from the run's MLflow history."""
+    from mlflow.tracking import MlflowClient
+
+    from domino_lab.training.tracking import default_tracking_uri
+
+    client = MlflowClient(default_tracking_uri())
+    out = {}
+    for r in recipes:
+        f = run_dir(runs, r, seed) / "mlflow_run.json"
+        if not f.exists():
+            continue
+        rid = json.loads(f.read_text())["run_id"]
+        tau = {m.step: m.value for m in client.get_metric_history(rid, "val/tau")}
+        acc = [{m.step: m.value for m in client.get_metric_history(rid, f"val/accept_pos_{i}")} for i in range(3)]
+        out[r] = {"steps": sorted(tau), "tau": [tau[t] for t in sorted(tau)],
+                  "accept": [[a.get(t) for t in sorted(tau)] for a in acc]}
+    return out
+
+
+def plot_convergence(curves: dict, out_png: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
+    for r, c in curves.items():
+        line, = a1.plot([s + 1 for s in c["steps"]], c["tau"], marker="o", label=r)
+        for i, (acc, style) in enumerate(zip(c["accept"], ("-", "--", ":"))):
+            a2.plot([s + 1 for s in c["steps"]], acc, style, color=line.get_color(), label=f"{r} draft {i}")
+    a1.set(xlabel="training step", ylabel="val τ (greedy, real decoding)", title="τ on validation prompts")
+    a2.set(xlabel="training step", ylabel="acceptance rate", title="acceptance of drafts 0-2 (given the earlier ones)")
+    for a in (a1, a2):
+        a.grid(alpha=0.3)
+        a.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out_png, dpi=110)
+    plt.close(fig)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--recipes", nargs="+", default=["domino", "dflash", "domino_no_curriculum"])
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     p.add_argument("--parallel", type=int, default=2, help="training processes at once (2 cores: 2 x 1 thread)")
     p.add_argument("--runs-dir", default="runs/default-drafters")
-    p.add_argument("--ship", action="store_true", help="copy seed 0's domino/dflash to domino_lab/assets")
+    p.add_argument("--ship", action="store_true", help="copy seed 0's domino/dflash/eagle to domino_lab/assets")
     p.add_argument("overrides", nargs="*", help="key=value applied to every recipe (e.g. max_steps=600)")
     args = p.parse_args(argv)
     for r in args.recipes:
@@ -130,8 +173,10 @@ def main(argv=None) -> int:
     curves = base_loss_curves(runs, domino_recipes, common) if common else {}
     RESULTS.mkdir(parents=True, exist_ok=True)
     plot_curves(curves, RESULTS / "curriculum_base_loss.png")
+    convergence = convergence_curves(runs, sorted(done), args.seeds[0])
+    plot_convergence(convergence, RESULTS / "drafters_convergence.png")
     if args.ship:
-        for method, asset in SHIP.items():
+        for method, (asset, name) in SHIP.items():
             src = run_dir(runs, method, args.seeds[0]) / "best"
             if method in args.recipes and src.is_dir():
                 dst = ROOT / "domino_lab" / "assets" / asset
@@ -139,7 +184,7 @@ def main(argv=None) -> int:
                 shutil.copytree(src, dst)
                 res = json.loads((run_dir(runs, method, args.seeds[0]) / "result.json").read_text())
                 (dst / "README.md").write_text(
-                    f"# `{'default' if method == 'domino' else 'default-dflash'}` drafter ({method})\n\n"
+                    f"# `{name}` drafter ({method})\n\n"
                     f"Trained on the embedded default target by `python experiments/train_default_drafters.py "
                     f"{' '.join(argv if argv is not None else sys.argv[1:])}` with recipe "
                     f"`experiments/configs/{method}.yaml`, seed {args.seeds[0]}, {res['steps']} steps; exported "
@@ -150,7 +195,7 @@ def main(argv=None) -> int:
     summary = {"command": "python experiments/train_default_drafters.py " + " ".join(argv or sys.argv[1:]),
                "machine": f"{platform.machine()}, {__import__('os').cpu_count()} CPUs, {args.parallel} runs at once",
                "date": time.strftime("%Y-%m-%d %H:%M"), "wall_min_total": round((time.time() - started) / 60, 1),
-               "runs": rows, "final_base_loss_last50_mean_over_seeds": final_base}
+               "runs": rows, "final_base_loss_last50_mean_over_seeds": final_base, "convergence": convergence}
     (RESULTS / "drafters_training.json").write_text(json.dumps(summary, indent=1))
     lines = [f"`{summary['command']}` ({summary['machine']}, {summary['date']}, {summary['wall_min_total']} min)", "",
              "| recipe | seed | steps | best val τ | wall min |", "|---|---|---|---|---|"]
@@ -158,7 +203,14 @@ def main(argv=None) -> int:
               for x in rows]
     lines += ["", f"Base-logit CE, mean of the last 50 logged steps, averaged over seeds {common}: "
               + ", ".join(f"{r} {v}" for r, v in final_base.items()), "",
-              "![base loss](curriculum_base_loss.png)"]
+              "![base loss](curriculum_base_loss.png)", "",
+              f"## Convergence (seed {args.seeds[0]}): val τ at each evaluation", "",
+              "Greedy τ of real speculative decoding on the recipe's validation prompts (held-out rows of the "
+              "regenerated data), and the acceptance of drafts 0-2 given the earlier ones were accepted.", ""]
+    for r, c in convergence.items():
+        lines += [f"**{r}**: " + ", ".join(f"step {s_ + 1}: τ {t:.2f} (draft 0 {a if a is None else round(a, 2)})"
+                                           for s_, t, a in zip(c["steps"], c["tau"], c["accept"][0]))]
+    lines += ["", "![convergence](drafters_convergence.png)"]
     (RESULTS / "drafters_training.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0

@@ -150,6 +150,18 @@ def test_plain_and_sampled_decodes(app, client):
     assert out[6]["corrected"], "the inspector opens on a drafted position after a sampled decode too"
 
 
+def test_tree_decode_draws_each_steps_tree(app, client):
+    out = client.predict(*_decode_args(app["prompt"], n=16), 16, api_name="/decode")
+    rec, trees = out[3], out[9]          # (the session state is not an API output)
+    assert rec["tree_nodes"] == 16 and rec["counters"]["identical_to_plain"] is True
+    assert all(0 < len(s["tree"]["tokens"]) <= 16 for s in rec["steps"][:-1])
+    assert trees.count('class="tstep"') == len(rec["steps"])
+    for cls in ("acc", "bonus", "rej"):
+        assert f'class="tile {cls}"' in trees.split("</div>", 1)[1], cls     # past the legend
+    with pytest.raises(Exception, match="greedy only"):
+        client.predict(*_decode_args(app["prompt"], n=8, temp=0.5), 8, api_name="/decode")
+
+
 def test_eight_concurrent_clients(app):
     from gradio_client import Client
 

@@ -61,30 +61,52 @@ def test_kv_injection_shapes(target, monkeypatch):
 
 def test_training_forward_equals_inference_per_block(target):
     """The masked all-blocks-at-once training forward gives the same logits as drafting each block alone."""
-    for method in ("dflash", "domino"):
-        for shift in (True, False):
-            d = Drafter.untrained(target, method, seed=3, block_size=4, shift_label=shift)
-            if d.head is not None:
-                with torch.no_grad():
-                    d.head.w2.weight.normal_(std=0.5)   # a visible correction, unlike the small init
-            ids = torch.randint(4, 60, (1, 20), generator=torch.Generator().manual_seed(1))
-            feats = target.forward(ids, taps=d.config.target_layer_ids).features
-            lm = torch.ones_like(ids)
-            anchors = torch.tensor([[3, 8, 11]])
-            keep = torch.ones_like(anchors, dtype=torch.bool)
-            bb = d.training_blocks(feats, ids, lm, anchors, keep)
-            for j, a in enumerate(anchors[0].tolist()):
-                dr = d.draft(feats[:, :a], 0, ids[:, a], a, DynamicCache())
-                # draft() picks its own tokens; feed the same prefix the teacher-forced path used
-                h_tokens = bb.prefix[0, j]
-                torch.testing.assert_close(bb.logits_base[0, j].topk(5).values, dr.base_topk[1][0])
-                if method == "domino":
-                    # rollout with argmax tokens: compare where the argmax prefix equals the true prefix
-                    own = torch.cat([ids[0, a:a + 1], dr.tokens[0, :-1]])
-                    same = (own == h_tokens).long().cumprod(0)
-                    for i in range(d.config.num_drafts):
-                        if same[i]:
-                            torch.testing.assert_close(bb.logits_final[0, j, i].topk(5).values, dr.final_topk[1][0, i])
+    for method, shift, af in [(m, s, a) for m in ("dflash", "domino") for s in (True, False) for a in (False, True)]:
+        d = Drafter.untrained(target, method, seed=3, block_size=4, shift_label=shift, anchor_feature=af)
+        if d.head is not None:
+            with torch.no_grad():
+                d.head.w2.weight.normal_(std=0.5)   # a visible correction, unlike the small init
+        ids = torch.randint(4, 60, (1, 20), generator=torch.Generator().manual_seed(1))
+        feats = target.forward(ids, taps=d.config.target_layer_ids).features
+        lm = torch.ones_like(ids)
+        anchors = torch.tensor([[3, 8, 11]])
+        keep = torch.ones_like(anchors, dtype=torch.bool)
+        bb = d.training_blocks(feats, ids, lm, anchors, keep)
+        for j, a in enumerate(anchors[0].tolist()):
+            dr = d.draft(feats[:, :a], 0, ids[:, a], a, DynamicCache())
+            # draft() picks its own tokens; feed the same prefix the teacher-forced path used
+            h_tokens = bb.prefix[0, j]
+            torch.testing.assert_close(bb.logits_base[0, j].topk(5).values, dr.base_topk[1][0])
+            if method == "domino":
+                # rollout with argmax tokens: compare where the argmax prefix equals the true prefix
+                own = torch.cat([ids[0, a:a + 1], dr.tokens[0, :-1]])
+                same = (own == h_tokens).long().cumprod(0)
+                for i in range(d.config.num_drafts):
+                    if same[i]:
+                        torch.testing.assert_close(bb.logits_final[0, j, i].topk(5).values, dr.final_topk[1][0, i])
+
+
+def test_anchor_feature_reads_the_state_before_the_anchor(target):
+    """anchor_feature: the block's inputs carry the context state at anchor-1, whether the context arrives at once
+    or step by step through the draft cache (as in decoding), and it changes the drafts (the projection is live)."""
+    ids = torch.randint(4, 60, (1, 20), generator=torch.Generator().manual_seed(2))
+    d = Drafter.untrained(target, "dflash", seed=4, block_size=4, anchor_feature=True)
+    feats = target.forward(ids, taps=d.config.target_layer_ids).features
+    a = 12
+    fresh = d.draft(feats[:, :a], 0, ids[:, a], a, DynamicCache())
+    cache = DynamicCache()
+    d.draft(feats[:, :7], 0, ids[:, 7], 7, cache)                      # an earlier round filled the cache
+    stepped = d.draft(feats[:, 7:a], 7, ids[:, a], a, cache)
+    torch.testing.assert_close(stepped.base_topk[1], fresh.base_topk[1], rtol=1e-5, atol=1e-5)
+    plain = Drafter.untrained(target, "dflash", seed=4, block_size=4)
+    plain.load_state_dict({k: v for k, v in d.state_dict().items() if "anchor_proj" not in k})
+    other = plain.draft(feats[:, :a], 0, ids[:, a], a, DynamicCache())
+    assert not torch.allclose(other.base_topk[1], fresh.base_topk[1])
+    # which state: zeroing anchor-1's feature changes the block, zeroing an older one only through attention
+    bp = torch.arange(a, a + 4)[None]
+    ctx = d.backbone.hidden_norm(d.backbone.fc(feats[:, :a]))
+    got = d.backbone.anchor_context(ctx, torch.arange(a)[None], bp)
+    torch.testing.assert_close(got, ctx[:, a - 1:a].expand(-1, 4, -1))
 
 
 def test_gru_zero_state_per_block(target):

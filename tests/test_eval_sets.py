@@ -11,7 +11,7 @@ from domino_lab.data.eval_sets import (EVAL_SETS, MAX_CONTEXT_CHARS, assert_no_o
 from domino_lab.errors import UserError
 
 
-@pytest.mark.parametrize("name,size", [("humaneval", 164), ("math", 128), ("code", 128)])
+@pytest.mark.parametrize("name,size", [("humaneval", 164), ("math", 128), ("code", 128), ("unseen", 48)])
 def test_named_sets_have_expected_size_unique_ids_and_are_deterministic(name, size):
     a = load_eval_set(name)
     assert len(a) == size
@@ -19,6 +19,31 @@ def test_named_sets_have_expected_size_unique_ids_and_are_deterministic(name, si
     assert all(set(x) == {"id", "prompt"} and x["prompt"].strip() for x in a)
     assert load_eval_set(name) == a
     assert load_eval_set(name, limit=5) == a[:5]
+
+
+def test_unseen_set_comes_from_outside_the_training_corpora():
+    """Code headers from installed third-party packages (which the code corpus excludes) and word problems that
+    are not the math generator's: no prompt of the set occurs in the training corpora's prompt lists."""
+    from domino_lab.data.eval_sets import UNSEEN_PACKAGES, code_prompts, math_prompts
+
+    u = load_eval_set("unseen")
+    code = [x for x in u if x["id"].startswith("unseen/code/")]
+    assert len(code) == 32 and all(x["id"].split("/")[2] in UNSEEN_PACKAGES for x in code)
+    train = {x["prompt"] for x in code_prompts("train", None)} | {x["prompt"] for x in math_prompts("train", 5000)}
+    assert not any(x["prompt"] in train for x in u)
+    math = [x for x in u if x["id"].startswith("unseen/math/")]
+    assert len(math) == 16 and all(x["prompt"].startswith("Question: ") and x["prompt"].endswith("\nAnswer:")
+                                   for x in math)
+
+
+def test_regenerating_from_the_unseen_set_is_refused(tmp_path, capsys):
+    from domino_lab.errors import run_cli
+    from domino_lab.regenerate import main
+
+    with pytest.raises(SystemExit) as e:
+        run_cli(main, ["--prompts", "unseen", "--out", str(tmp_path / "r")])
+    assert e.value.code == 2 and "evaluation ground" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()
 
 
 def test_humaneval_is_the_shipped_file_without_the_final_newline():

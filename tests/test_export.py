@@ -247,6 +247,8 @@ def test_what_a_layout_cannot_hold_is_refused(tmp_path, ftarget, default_target)
     fr = Drafter.untrained(ftarget, "domino", frspec_k=8)
     with pytest.raises(UserError, match="FR-Spec"):
         release_state_dict(fr, "domino")
+    with pytest.raises(UserError, match="anchor_feature"):
+        release_state_dict(Drafter.untrained(ftarget, "domino", anchor_feature=True), "domino")
     (tmp_path / "busy").mkdir()
     (tmp_path / "busy" / "notes.txt").write_text("mine")
     with pytest.raises(UserError, match="not an earlier export"):

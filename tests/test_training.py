@@ -359,3 +359,66 @@ def test_two_process_ddp_on_cpu(tiny, tmp_path):
     assert q.returncode == 0, q.stderr[-3000:]
     assert json.loads((out / "result.json").read_text())["steps"] == 6
     assert "world_size: 2" in q.stderr or "distributed_backend=gloo" in q.stderr
+
+
+# ---- warm start and head-only training ---------------------------------------------------------------
+def test_head_only_training_keeps_the_backbone(tiny, tmp_path):
+    """optim.train=head on a dflash backbone (drafter.init_from): the drafter takes the source's architecture
+    (its taps, not the recipe's default), the backbone comes out bit-identical, the new head trains, batched
+    val τ equals one-at-a-time val τ prompt by prompt."""
+    from safetensors.torch import load_file
+
+    from domino_lab.config import load_config
+    from domino_lab.target import Target
+    from domino_lab.train import train
+    from domino_lab.training.config import drafter_config
+    from domino_lab.training.datamodule import DrafterDataModule
+    from domino_lab.training.module import measure_tau
+
+    target = Target.from_pretrained(tiny[0])
+    src = Drafter.untrained(target, "dflash", seed=3, target_layer_ids=[0, 2])
+    src.save_pretrained(tmp_path / "src")
+    args = base_args(tiny, tmp_path / "run", steps=6, every=6) + [
+        f"drafter.init_from={tmp_path / 'src'}", "optim.train=head", "eval.tau_prompts=2", "eval.tau_batch=2"]
+    cfg = load_config(TrainConfig, None, args)
+    dcfg = drafter_config(cfg.drafter, target)
+    assert dcfg.method == "domino" and dcfg.target_layer_ids == [0, 2] and dcfg.rank == 16
+    res = train(cfg, target=target)
+    out = load_file(str(Path(res["final_dir"]) / "model.safetensors"))
+    before = src.state_dict()
+    assert set(before) < set(out) and any(k.startswith("head.") for k in out)
+    for k, v in before.items():
+        assert torch.equal(out[k].to(v.dtype), v), k                      # the backbone did not move
+    fresh = Drafter(dcfg, target).state_dict()
+    assert any(not torch.equal(out[k].to(fresh[k].dtype), fresh[k]) for k in out if k.startswith("head."))
+    trained = Drafter.from_pretrained(res["final_dir"], target)
+    dm = DrafterDataModule(cfg.data)
+    dm.setup()
+    prompts = dm.tau_prompts(4)
+    one, batched = measure_tau(target, trained, prompts, 24), measure_tau(target, trained, prompts, 24, batch=3)
+    assert [p["tau"] for p in one["per_prompt"]] == [p["tau"] for p in batched["per_prompt"]]
+    assert one["tau"] == pytest.approx(batched["tau"]) and batched["verify_ms"] > 0
+
+
+def test_head_only_and_warm_start_errors(tiny, tmp_path):
+    from domino_lab.target import Target
+    from domino_lab.training.config import drafter_config
+    from domino_lab.training.module import DrafterModule
+
+    with pytest.raises(UserError, match="optim.train must be one of"):
+        load_config(TrainConfig, None, ["optim.train=backbone"])
+    with pytest.raises(UserError, match="set drafter.init_from"):
+        load_config(TrainConfig, None, ["optim.train=head"])
+    target = Target.from_pretrained(tiny[0])
+    Drafter.untrained(target, "domino", rank=8).save_pretrained(tmp_path / "dom")
+    # a dflash drafter has no head to train
+    cfg = load_config(TrainConfig, None, base_args(tiny, tmp_path / "a") + [
+        f"drafter.init_from={tmp_path / 'dom'}", "optim.train=head", "drafter.method=dflash"])
+    with pytest.raises(UserError, match="needs a drafter with a head"):
+        DrafterModule(cfg, drafter_config(cfg.drafter, target), target)
+    # the whole drafter from a source whose head has another shape: named, not silently re-initialised
+    cfg = load_config(TrainConfig, None, base_args(tiny, tmp_path / "b") + [f"drafter.init_from={tmp_path / 'dom'}"])
+    with pytest.raises(UserError, match=r"do not fit this drafter \(head\."):
+        DrafterModule(cfg, drafter_config(cfg.drafter, target), target)
+    with pytest.raises(UserError, match="not a readable drafter directory"):
+        drafter_config(load_config(TrainConfig, None, [f"drafter.init_from={tmp_path / 'nothing'}"]).drafter, target)

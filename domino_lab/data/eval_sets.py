@@ -32,7 +32,12 @@ from typing import Iterable, Iterator
 
 from domino_lab.errors import UserError, run_cli
 
-EVAL_SETS = ("humaneval", "math", "code")
+EVAL_SETS = ("humaneval", "math", "code", "unseen")
+# `unseen`: prompts from outside the project's corpora, the closest stand-in for a user's own prompts. Code: function
+# headers from third-party packages installed with the project (site-packages, which the code corpus excludes);
+# math: hand-written word problems (data/word_problems.py). The code half follows the installed versions.
+UNSEEN_PACKAGES = ("click", "jinja2", "packaging", "rich", "tqdm", "yaml")
+UNSEEN_CODE_N = 32
 EVAL_SET_SIZE = 128  # math and code; humaneval is fixed at its 164 problems
 # ~800 chars is ~210 tokens of stdlib code with the default BPE (95% under 250), so prompt plus a
 # 256-token response stays inside the 512-token windows the embedded target was trained on.
@@ -58,6 +63,8 @@ def load_eval_set(name_or_path: str, limit: int | None = None, cache_dir=None) -
         items = math_prompts("heldout", EVAL_SET_SIZE)
     elif name == "code":
         items = list(_heldout_code_prompts(str(cache_dir) if cache_dir else None))
+    elif name == "unseen":
+        items = unseen_prompts()
     else:
         path = Path(name).expanduser()
         if not path.is_file():
@@ -81,6 +88,32 @@ def humaneval_prompts() -> list[dict]:
     # task ids are "HumanEval/<n>"; order numerically so the set (and any `limit`) is stable
     ids = sorted(problems, key=lambda t: int(t.rsplit("/", 1)[1]))
     return [{"id": t, "prompt": _strip_final_newline(problems[t]["prompt"])} for t in ids]
+
+
+def unseen_prompts() -> list[dict]:
+    """The `unseen` set: UNSEEN_CODE_N function headers from UNSEEN_PACKAGES and the hand-written word problems in
+    the math prompt format, interleaved. Packages that are not installed are skipped."""
+    import importlib.util
+
+    from domino_lab.data.word_problems import WORD_PROBLEMS
+
+    def files():
+        for pkg in UNSEEN_PACKAGES:
+            spec = importlib.util.find_spec(pkg)
+            if spec is None or not spec.submodule_search_locations:
+                continue
+            root = Path(next(iter(spec.submodule_search_locations)))
+            for f in sorted(root.rglob("*.py")):
+                yield f"{pkg}/{f.relative_to(root).as_posix()}", f.read_text(encoding="utf-8", errors="replace")
+
+    code = [dict(x, id="unseen/" + x["id"]) for x in function_header_prompts(files(), UNSEEN_CODE_N)]
+    math = [{"id": f"unseen/math/{i}", "prompt": f"Question: {q}\nAnswer:"} for i, q in enumerate(WORD_PROBLEMS)]
+    # two code prompts, then one word problem, and so on: any first-N slice (`--limit`) holds both kinds
+    out = []
+    while code or math:
+        out += code[:2] + math[:1]
+        code, math = code[2:], math[1:]
+    return out
 
 
 def math_prompts(split: str, n: int) -> list[dict]:

@@ -1,7 +1,8 @@
 """Lossless speculative decoding: prefill, draft a block, verify it in one target forward, accept, crop.
 
 `drafter=None` runs plain autoregressive decoding through the very same target-cache code (a verify
-step with zero drafts), so the baseline and the speculative path differ only in the drafts.
+step with zero drafts), so the baseline and the speculative path differ only in the drafts. `tree_nodes` > 0
+verifies a draft tree per step instead of the chain (`_tree_step`, decoding/tree.py).
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from transformers import DynamicCache
 from ..errors import UserError
 from ..validation import check_seed
 from .records import GenerationResult, StepRecord
+from . import tree as trees
 from .. import sampling
 
 
@@ -45,17 +47,21 @@ def _topk(logits: torch.Tensor, k: int) -> tuple[list[list[int]], list[list[floa
 def speculative_generate(target, drafter=None, prompt: str | None = None, prompt_ids=None, max_new_tokens: int = 128,
                          temperature: float = 0.0, top_p: float = 1.0, block_size: int | None = None,
                          seed: int | None = None, topk: int = 5,
-                         on_step: Callable[[StepRecord], None] | None = None) -> GenerationResult:
+                         on_step: Callable[[StepRecord], None] | None = None, tree_nodes: int = 0) -> GenerationResult:
     """Generate up to `max_new_tokens` tokens; greedy output equals the target's own greedy output.
 
     `on_step(record)` is called after every verify step, once its tokens are committed (the dashboard streams
-    from it; an exception it raises stops the decode)."""
+    from it; an exception it raises stops the decode). `tree_nodes` N > 0 verifies a draft tree of N nodes per
+    step instead of the chain (block drafters, greedy only; docs/design.md#tree-verification)."""
     if max_new_tokens < 1:
         raise UserError("max_new_tokens must be >= 1")
     if temperature < 0 or not 0 < top_p <= 1:
         raise UserError("temperature must be >= 0 and top_p in (0, 1]")
     if seed is not None:
         check_seed(seed)
+    tree_nodes = trees.check_tree_nodes(tree_nodes)
+    if tree_nodes:
+        check_tree_mode(drafter, temperature)
     ids = prompt_token_ids(target, prompt, prompt_ids)
     # the target's context may leave room for fewer tokens than asked: a run that fills it stops for that reason
     cut_by_context = target.max_length - len(ids) < max_new_tokens
@@ -93,6 +99,23 @@ def speculative_generate(target, drafter=None, prompt: str | None = None, prompt
         anchor = tokens[-1]
         remaining = max_new_tokens - len(tokens)
         n = min(n_drafts, remaining - 1)   # the bonus token takes the last slot of the budget
+        if tree_nodes:
+            rec, new_feats = _tree_step(target, drafter, cache, draft_cache, pending, pending_start, anchor, start,
+                                        n, tree_nodes, taps, eos, max_new_tokens - len(tokens), topk)
+            calls += 1
+            if n > 0:
+                pending = None                     # the drafter has taken it into its cache
+            if taps is not None:
+                pending = new_feats if pending is None else torch.cat([pending, new_feats])
+                pending_start = start + rec.accepted + 1 - pending.shape[0]
+            steps.append(rec)
+            tokens.extend(rec.committed)
+            start += rec.accepted + 1
+            if on_step is not None:
+                on_step(rec)
+            if any(t in eos for t in rec.committed):
+                stop = "eos"
+            continue
         t0 = time.perf_counter()
         draft = None
         if n > 0:
@@ -141,3 +164,69 @@ def speculative_generate(target, drafter=None, prompt: str | None = None, prompt
     return GenerationResult(prompt_ids=ids, token_ids=tokens, text=target.decode(tokens) if target.tokenizer else "",
                             steps=steps, target_forward_calls=calls, wall_time_s=wall, prefill_time_s=prefill_time,
                             stop_reason=stop or ("context_length" if cut_by_context else "max_new_tokens"))
+
+
+def check_tree_mode(drafter, temperature: float) -> None:
+    """Tree verification needs a block drafter and greedy decoding; anything else is one clear error."""
+    if drafter is None:
+        raise UserError("tree verification (tree nodes > 0) needs a drafter; plain decoding has nothing to verify")
+    if not hasattr(drafter, "tree_expander"):
+        raise UserError(f"tree verification needs a block drafter (dflash or domino); the "
+                        f"'{drafter.config.method}' drafter drafts one chain: use tree nodes 0 with it")
+    if temperature > 0:
+        # Exactness at T > 0 needs every draft to be a sample from a known q (docs/design.md#tree-verification);
+        # the tree holds the drafter's most probable branches, chosen deterministically, so rejection sampling
+        # over it would not reproduce the target's distribution.
+        raise UserError("tree verification is greedy only (temperature 0): the tree holds the drafter's most "
+                        "probable branches, not samples, so sampling over it would not be lossless; use "
+                        "temperature 0 or tree nodes 0 (chain verification, exact at any temperature)")
+
+
+def _tree_step(target, drafter, cache, draft_cache, pending, pending_start, anchor, start, n, tree_nodes, taps, eos,
+               room, topk):
+    """One tree round at `anchor` (position `start`): draft a tree of up to `tree_nodes` nodes and depth
+    n, verify it in one target forward, accept the longest path the target agrees with plus its bonus, and keep
+    only that path in the target's cache. Returns the step record and the tapped features of the anchor and the
+    accepted nodes (the next round's new context for the draft cache, exactly as in a chain)."""
+    dev = target.device
+    t0 = time.perf_counter()
+    expander = None
+    tree = trees.Tree()
+    if n > 0:
+        expander = drafter.tree_expander(pending[None] if pending is not None else None, pending_start,
+                                         torch.tensor([anchor], device=dev), start, draft_cache, n=n, topk=topk)
+        tree = trees.build_tree(expander, tree_nodes, n, topk)
+    t1 = time.perf_counter()
+    verify_ids = torch.tensor([[anchor] + tree.tokens], device=dev)
+    out = target.forward(verify_ids, cache=cache, taps=taps,
+                         attention_mask=trees.attention_mask(tree, start, target.dtype, dev),
+                         position_ids=trees.positions(tree, start, dev), logits_rows=[0])
+    rows_logits = {0: out.logits[0, 0]}
+    hidden = out.hidden[0]
+
+    def next_token(row: int) -> int:       # the LM head only for the rows the walk visits
+        if row not in rows_logits:
+            rows_logits[row] = target.logits_at(hidden[row])
+        return int(rows_logits[row].argmax())
+
+    path, nxt = trees.greedy_path(tree, next_token)
+    t2 = time.perf_counter()
+
+    committed, acc, bonus = sampling.commit([tree.tokens[i] for i in path], nxt, eos, room)
+    rows = [0] + [i + 1 for i in path[:acc]]        # verify rows kept: the anchor and the accepted nodes
+    trees.compact_cache(cache, start, rows)
+    new_feats = out.features[0, rows] if taps is not None else None
+    shown = trees.reported_path(tree, path[:acc])
+    rec = StepRecord(start=start, anchor=anchor, draft_tokens=[tree.tokens[i] for i in shown], accepted=acc,
+                     bonus=bonus, committed=committed, draft_time_s=t1 - t0, verify_time_s=t2 - t1,
+                     tree_tokens=list(tree.tokens), tree_parents=list(tree.parents), tree_path=path[:acc])
+    # the target's top-k at every row the walk read: the anchor and each accepted node (the reported drafts' rows)
+    walked = [rows_logits[r] for r in rows[: len(shown) + 1]]
+    rec.target_topk_ids, rec.target_topk_logits = _topk(torch.stack(walked), topk)
+    if expander is not None and shown:
+        rec.base_topk_ids = expander.base_top[0][: len(shown)].tolist()
+        rec.base_topk_logits = expander.base_top[1][: len(shown)].float().tolist()
+        # final: the drafter's children of each reported node's parent (for DFlash these are the base top-k)
+        tops = [tree.child_top[p] for p in [-1] + shown[:-1]]
+        rec.final_topk_ids, rec.final_topk_logits = [t[0] for t in tops], [t[1] for t in tops]
+    return rec, new_feats

@@ -24,6 +24,12 @@ class StepRecord:
     target_topk_logits: list[list[float]] = field(default_factory=list)
     draft_time_s: float = 0.0
     verify_time_s: float = 0.0
+    # Tree verification only (None for a chain step; docs/design.md#tree-verification). Nodes are listed parents
+    # first; draft_tokens above is then the path the target followed (the accepted nodes, then the tree's best
+    # child below them down to a leaf), so every reader of chain records reads tree records the same way.
+    tree_tokens: list[int] | None = None      # the token of every drafted node
+    tree_parents: list[int] | None = None     # each node's parent node index; -1 = the anchor
+    tree_path: list[int] | None = None        # node indices of the accepted path, anchor side first
 
     @property
     def acceptance_length(self) -> int:

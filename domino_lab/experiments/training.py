@@ -15,7 +15,7 @@ from ..errors import UserError
 from .spec import ExperimentSpec, RunSpec
 
 # The embedded default's training data (experiments/configs/*.yaml data.path): made on first use like this
-DEFAULT_DATA = {"math": 1500, "code": 1500, "max_new_tokens": 128}
+DEFAULT_DATA = {"math": 10500, "code": 9500, "max_new_tokens": 128}
 
 # --quick: a few optimiser steps on a small regenerated set, enough to exercise every code path end to end
 QUICK_TRAIN = ["max_steps=4", "eval.every_n_steps=2", "eval.tau_prompts=2", "eval.tau_max_new_tokens=12",

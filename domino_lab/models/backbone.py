@@ -85,6 +85,8 @@ class Backbone(nn.Module):
         self.fc = nn.Linear(len(cfg.target_layer_ids) * cfg.hidden_size, cfg.hidden_size, bias=False)
         self.hidden_norm = Qwen3RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
         self.layers = nn.ModuleList(DraftLayer(cfg, i) for i in range(cfg.num_layers))
+        self.block_size = cfg.block_size
+        self.anchor_proj = nn.Linear(cfg.hidden_size, cfg.hidden_size, bias=False) if cfg.anchor_feature else None
         self.norm = Qwen3RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
         self.rotary_emb = Qwen3RotaryEmbedding(qwen3_config(cfg))
 
@@ -96,12 +98,31 @@ class Backbone(nn.Module):
         cached context position precedes the anchor and the block is fully bidirectional.
         """
         ctx = self.hidden_norm(self.fc(ctx_feats)) if ctx_feats is not None else None
+        if self.anchor_proj is not None:
+            block_emb = block_emb + self.anchor_proj(self.anchor_context(ctx, ctx_pos, block_pos))
         blk_rope = self.rotary_emb(block_emb, block_pos)
         ctx_rope = self.rotary_emb(block_emb, ctx_pos) if ctx is not None else None
         x = block_emb
         for layer in self.layers:
             x = layer(x, ctx, blk_rope, ctx_rope, mask, cache)
         return self.norm(x)
+
+    def anchor_context(self, ctx: torch.Tensor | None, ctx_pos: torch.Tensor | None,
+                       block_pos: torch.Tensor) -> torch.Tensor:
+        """For every block slot, the fused context state at position anchor-1 ([b, Q, H]).
+
+        Slot j of a block sits at anchor + j, so the anchor of slot q is block_pos[q] - q % B. Training passes the
+        whole sequence as context; inference passes the new context, which always ends at anchor-1 (the verified
+        tokens before the anchor). A slot whose position is missing gets zeros (padding rows of a batch)."""
+        if ctx is None:
+            raise ValueError("anchor_feature needs the context up to the anchor; got no context features")
+        q = block_pos.shape[1]
+        want = block_pos - torch.arange(q, device=block_pos.device) % self.block_size - 1          # [b, Q]
+        match = ctx_pos[:, None, :] == want[:, :, None]                                           # [b, Q, C]
+        # the last matching entry (positions are unique per row; padding never carries anchor-1)
+        idx = (match.shape[-1] - 1 - match.flip(-1).float().argmax(-1)).clamp_min(0)
+        feat = ctx.gather(1, idx[..., None].expand(-1, -1, ctx.shape[-1]))
+        return feat * match.any(-1, keepdim=True).to(feat.dtype)
 
 
 def block_attention_mask(anchors: torch.Tensor, keep: torch.Tensor, seq_len: int, block_size: int) -> torch.Tensor:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..sampling import sample_from
+from ..sampling import sample_from, top_children
 from .backbone import Backbone, block_attention_mask
 from .config import DrafterConfig
 from .domino_head import DominoHead
@@ -31,11 +31,10 @@ class BlockDrafter(Drafter):
         return {"backbone": self.backbone, **({"head": self.head} if self.head is not None else {})}
 
     # ---- inference -----------------------------------------------------------------------------
-    @torch.no_grad()
-    def draft(self, ctx_feats, ctx_start, anchor, start, cache, n=None, temperature=0.0, top_p=1.0, generator=None,
-              topk=5, key_valid=None, ctx_ids=None) -> Draft:
+    def _block_states(self, ctx_feats, ctx_start, anchor, start, cache, key_valid=None) -> torch.Tensor:
+        """The backbone's states [b, block_size, H] of the block `[anchor, MASK, ...]` at `start`; the new context
+        enters the draft cache, and only context K/V stay in it afterwards."""
         cfg = self.config
-        n = cfg.num_drafts if n is None else min(n, cfg.num_drafts)
         b = anchor.shape[0]
         dev = anchor.device
         block_ids = torch.full((b, cfg.block_size), cfg.mask_token_id, dtype=torch.long, device=dev)
@@ -51,6 +50,14 @@ class BlockDrafter(Drafter):
         hs = self.backbone(self.embed(block_ids), block_pos, ctx_feats, ctx_pos, mask=mask, cache=cache)
         if cache is not None:
             cache.crop(-cfg.block_size)      # keep context K/V only; block K/V are recomputed every round
+        return hs
+
+    @torch.no_grad()
+    def draft(self, ctx_feats, ctx_start, anchor, start, cache, n=None, temperature=0.0, top_p=1.0, generator=None,
+              topk=5, key_valid=None, ctx_ids=None) -> Draft:
+        cfg = self.config
+        n = cfg.num_drafts if n is None else min(n, cfg.num_drafts)
+        hs = self._block_states(ctx_feats, ctx_start, anchor, start, cache, key_valid)
         impl = self.options.head_impl
         # the compiled rollout always drafts every slot (one graph per shape); it keeps the first n itself
         m = cfg.num_drafts if self.uses_head and impl == "compiled" and temperature <= 0 else n
@@ -68,6 +75,27 @@ class BlockDrafter(Drafter):
         r = self.head.rollout(h, base, anchor, self.target.embed_tokens.weight, n, bt, self.options.candidate_pool,
                               temperature, top_p, generator, impl=impl, vocab_ids=vm, topk=k)
         return Draft(r.tokens, r.q, bt, r.top)
+
+    @torch.no_grad()
+    def tree_expander(self, ctx_feats, ctx_start, anchor, start, cache, n: int, topk: int = 5):
+        """Tree drafting (decoding/tree.py): one backbone pass for the block at `start` (one sequence, anchor [1];
+        the draft cache grows by ctx_feats as in `draft`), then an expander that scores the children of any node of
+        the draft tree up to depth n. Without the head every node at depth i has the same children, slot i's
+        marginal; with it the head runs along each branch (docs/design.md#tree-verification)."""
+        cfg = self.config
+        if anchor.shape[0] != 1:
+            raise ValueError("tree drafting takes one sequence at a time")
+        n = min(n, cfg.num_drafts)
+        hs = self._block_states(ctx_feats, ctx_start, anchor, start, cache)
+        h = hs[:, cfg.first_draft_slot: cfg.first_draft_slot + n]
+        base = self.draft_lm_head(h)                 # [1, n, V] (FR-Spec: [1, n, K])
+        vm = self.draft_vocab
+        bt = base.topk(min(topk, base.shape[-1]), dim=-1)
+        base_top = (to_vocab(bt.indices, vm)[0], bt.values[0])
+        if not self.uses_head:
+            return SlotMarginals(base[0], vm, base_top)
+        return self.head.branches(h, base, anchor, self.target.embed_tokens.weight, self.options.candidate_pool,
+                                  vm, base_top)
 
     @torch.no_grad()
     def block_logits(self, ctx_feats: torch.Tensor, start: int, anchor: int, prefix: list[int]) -> torch.Tensor:
@@ -123,6 +151,20 @@ class BlockDrafter(Drafter):
             final = base
         v = base.shape[-1]
         return BlockBatch(base.view(b, n_blk, n, v), final.view(b, n_blk, n, v), labels, valid, prefix)
+
+
+class SlotMarginals:
+    """Tree expander without a head (DFlash): the children of every node at depth i are slot i's marginal, the
+    same whatever the path, so one row serves all parents of a level, and every level is ranked in one call."""
+
+    def __init__(self, base: torch.Tensor, vocab_ids: torch.Tensor | None, base_top):
+        self.base, self.vocab_ids, self.base_top = base, vocab_ids, base_top     # base [n, V or K]
+        self._ranked = None
+
+    def children(self, level: int, ids, tokens, parents, k: int):
+        if self._ranked is None or self._ranked[0] != k:
+            self._ranked = (k, top_children(self.base, k, self.vocab_ids))
+        return tuple(x[level: level + 1] for x in self._ranked[1])
 
 
 @register("domino")

@@ -39,6 +39,11 @@ class DrafterConfig:
     # shift_label=True (Domino release): slot k predicts x_{a+k+1}, B drafts per block.
     # shift_label=False (DFlash paper): slot k predicts x_{a+k}, slot 0 is the anchor, B-1 drafts.
     shift_label: bool = True
+    # anchor_feature=True: the fused target feature of the position just before the anchor (the state that predicted
+    # the anchor) is also added, through a learned projection, to every block slot's input, so it enters the
+    # residual stream as in an EAGLE-style chain instead of arriving only through attention over the context
+    # (docs/design.md#the-first-draft-gap). Not part of the DFlash/Domino release layouts.
+    anchor_feature: bool = False
     # Domino head (ignored for dflash).
     gru_hidden: int = 256             # g
     rank: int = 64                    # r

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..sampling import sample_from
+from ..sampling import sample_from, top_children
 from .frspec import q_to_vocab, to_vocab
 from .head_kernel import FusedWeights, fused_greedy_rollout, prepare
 
@@ -168,6 +168,12 @@ class DominoHead(nn.Module):
             tokens[:, i] = tok
         return Rollout(tokens, q, _final_top(logits_out, full_ids, base_top, topk))
 
+    @torch.no_grad()
+    def branches(self, h: torch.Tensor, base: torch.Tensor, anchor: torch.Tensor, embed_weight: torch.Tensor,
+                 pool: int = 0, vocab_ids: torch.Tensor | None = None, base_top=None) -> "Branches":
+        """The head along many branches of one block (tree drafting): h [1, n, H], base [1, n, V], anchor [1]."""
+        return Branches(self, h, base, anchor, embed_weight, pool, vocab_ids, base_top)
+
     def _eager_rollout(self, h, base, anchor, embed_weight, n, temperature, top_p, generator, vocab_ids, topk
                        ) -> Rollout:
         """The reference: nn.GRU one token at a time, the correction over the whole (draft) vocabulary."""
@@ -190,6 +196,46 @@ class DominoHead(nn.Module):
         ft = torch.stack(finals, dim=1).topk(min(topk, base.shape[-1]), dim=-1)
         q = torch.stack(qs, dim=1) if temperature > 0 else None
         return Rollout(torch.stack(tokens, dim=1), q, (to_vocab(ft.indices, vocab_ids), ft.values))
+
+
+class Branches:
+    """Tree expander with the head: the children of a node at depth i are the corrected logits of draft i given the
+    node's own path, `L^base_i + ΔL_i(h_i, S(anchor, path))`. Every branch keeps its own GRU state; one call steps
+    all branches of a level together (the fast path's tensors, batched over branches), so a tree of depth n costs
+    n − 1 batched head steps. Slot 0 is uncorrected, as in a chain. Scored on the same candidate pool as the chain's
+    rollout, so the branch that follows the pool argmax at every depth is the chain's draft.
+
+    Unlike the chain's step, which projects every new state through [W1_S ; W_hh] at once, a branch's recurrent
+    gates W_hh·S are computed only when the branch gets children of its own, once per distinct parent: most nodes
+    of a best-first tree are leaves, and W_hh (3g × g) is most of the head's arithmetic."""
+
+    def __init__(self, head: DominoHead, h, base, anchor, embed_weight, pool, vocab_ids, base_top):
+        self.table, w_s, w1_h = head.fast_weights(embed_weight)
+        r = head.w1.out_features
+        self.w1s_t, self.whh_t = w_s[:, :r].contiguous(), w_s[:, r:].contiguous()
+        w2 = head.w2.weight if vocab_ids is None else head.w2.weight[vocab_ids]
+        self.hw, pool_ids, w2t, self.scores = _pool(h, w1_h, w2, base, pool)
+        self.w2t = w2t if pool_ids is None else w2t[0]           # [r, V] or the block's pool [r, K]
+        self.cols = _vocab_ids(pool_ids, vocab_ids, 1)           # vocabulary ids of the columns, or None
+        self.base, self.vocab_ids, self.base_top = base[0], vocab_ids, base_top
+        # the states of the last expanded level, one row per node id (-1 = the anchor, whose state has read it)
+        self.states = gru_cell(F.embedding(anchor, self.table), None, None)
+        self.rows = {-1: 0}
+
+    def children(self, level: int, ids: list[int], tokens: list[int] | None, parents: list[int] | None, k: int):
+        """Top-k children (log-probabilities, vocabulary ids, logits) of the nodes `ids` at depth `level` (their
+        tokens and parents' ids given; parents are nodes of the previous call), one row per node."""
+        if level == 0:                                         # draft 0 is uncorrected: the full base logits
+            return top_children(self.base[0][None], k, self.vocab_ids)
+        rows = torch.tensor([self.rows[g] for g in parents], device=self.states.device)
+        uniq, inv = rows.unique(return_inverse=True)
+        prev = self.states[uniq]
+        gh = prev @ self.whh_t                                 # recurrent gates, once per distinct parent
+        tok = torch.tensor(tokens, device=prev.device)
+        state = gru_cell(F.embedding(tok, self.table), gh[inv], prev[inv])     # has read the node's own token
+        u = F.silu(self.hw[0, level] + state @ self.w1s_t)
+        self.states, self.rows = state, {g: r for r, g in enumerate(ids)}
+        return top_children(self.scores[0, level] + u @ self.w2t, k, self.cols)
 
 
 def _final_top(logits: torch.Tensor, ids: torch.Tensor | None, base_top, k: int):

@@ -25,7 +25,7 @@ from . import registry
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 # Drafters shipped for the embedded target (experiments/train_default_drafters.py trains them).
 SHIPPED_DRAFTERS = {"default": ASSETS / "drafter-domino", "default-domino": ASSETS / "drafter-domino",
-                    "default-dflash": ASSETS / "drafter-dflash"}
+                    "default-dflash": ASSETS / "drafter-dflash", "default-eagle": ASSETS / "drafter-eagle"}
 
 
 @dataclass

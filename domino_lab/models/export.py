@@ -123,6 +123,9 @@ def check_exportable(cfg: DrafterConfig, fmt: str) -> None:
     if cfg.method not in ("dflash", "domino"):
         raise UserError(f"a '{cfg.method}' drafter has no counterpart in the Domino / DFlash / speculators layouts "
                         "(they hold block drafters only); export a dflash or domino drafter")
+    if cfg.anchor_feature:
+        raise UserError("this drafter adds the state before the anchor to its block inputs (anchor_feature=true); "
+                        "the release layouts have no such projection. Export a drafter trained without it")
     if cfg.frspec_k:
         raise UserError(f"this drafter drafts over an FR-Spec subset of {cfg.frspec_k} tokens; the release layouts "
                         "score the whole vocabulary. Export a drafter trained with frspec_k=0")

@@ -32,6 +32,9 @@ def build_parser() -> argparse.ArgumentParser:
                                       "plots, the summary, the MLflow store and artifacts, the training data "
                                       "(default: <repository>/runs, the sweep itself in runs/sweeps)")
     p.add_argument("--target", help="target for every trial (HF id, local dir, default)")
+    p.add_argument("--init-from", help="drafter whose backbone every trial starts from (shipped name such as "
+                                       "default-dflash, or a drafter directory); sets drafter.init_from")
+    p.add_argument("--json", action="store_true", help="print summary.json's content instead of the readable report")
     p.add_argument("--seed", type=int, help="sampler seed and every trial's training seed")
     p.add_argument("--threads", type=int, help="torch threads for this worker (pin when workers share cores)")
     p.add_argument("--prepare-only", action="store_true",
@@ -52,11 +55,17 @@ def parse_args(argv=None):
                       ("seed", "seed")):
         if getattr(args, flag) is not None:
             overrides.append(f"{key}={getattr(args, flag)}")
-    return load_sweep(args.config, overrides, runs_dir=args.runs_dir), args
+    sweep = load_sweep(args.config, overrides, runs_dir=args.runs_dir)
+    if args.init_from is not None:
+        # a trial override, after the sweep's own (the last value of a key wins); checked like the YAML's
+        overrides.append("overrides=" + json.dumps(sweep.overrides + [f"drafter.init_from={json.dumps(args.init_from)}"]))
+        sweep = load_sweep(args.config, overrides, runs_dir=args.runs_dir)
+    return sweep, args
 
 
 def _quiet() -> None:
-    """One progress bar over trials; per-trial Lightning chatter and Optuna's notices would bury it."""
+    """The sweep's own progress (a bar inside each trial, a line per finished trial); per-trial Lightning chatter
+    and Optuna's notices would bury it."""
     import logging
     import warnings
 
@@ -94,8 +103,19 @@ def main(argv=None) -> int:
     finally:
         if gpu_claim is not None:
             gpu_claim.close()        # frees the GPU for the next worker
+    if args.json:
+        print(json.dumps(summary, indent=2, default=str))
+        return 0
+    # a person reads the answer, the table and where to look; every trial's record is in summary.json (--json)
     print(summary["answer"])
-    print(json.dumps({k: v for k, v in summary.items() if k != "answer"}, indent=2, default=str))
+    print()
+    if summary["confirmation_table"]:
+        print(summary["confirmation_table"])
+        print()
+    print(summary["table"])
+    print()
+    print(f"Report: {summary['summary_md']} (plots beside it; every trial's record: {summary['summary_json']})")
+    print(summary["how"])
     return 0
 
 

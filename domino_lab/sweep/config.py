@@ -15,6 +15,17 @@ OBJECTIVES = ("tau", "draft_ms")
 
 
 @dataclass
+class ConfirmOptions:
+    """The confirmation stage after the search (runner.py#confirm): the best trial(s) and the baseline trained
+    again with more seeds, compared prompt by prompt on held-out prompts the search never scored."""
+    seeds: int = 0          # extra training seeds per confirmed configuration (0: no confirmation stage)
+    top: int = 1            # how many of the best trials to confirm against the baseline
+    # held-out prompts of the comparison, taken from the validation split after the search's eval.tau_prompts
+    # (None: as many as the search scores, so the seed noise measured here is that of a trial's score)
+    prompts: int | None = None
+
+
+@dataclass
 class SweepConfig:
     study_name: str = "domino-default"
     base_config: str | None = "experiments/configs/domino.yaml"
@@ -45,6 +56,7 @@ class SweepConfig:
     regen_math: int = 1200
     regen_code: int = 600
     regen_max_new_tokens: int = 160
+    confirm: ConfirmOptions = field(default_factory=ConfirmOptions)
 
 
 def load_sweep(path: str | Path | None = DEFAULT_SWEEP, overrides: list[str] = (),
@@ -70,6 +82,16 @@ def load_sweep(path: str | Path | None = DEFAULT_SWEEP, overrides: list[str] = (
         raise UserError("n_trials must be >= 1")
     if cfg.total_trials is not None and cfg.total_trials < 1:
         raise UserError("total_trials must be >= 1 (or left out)")
+    c = cfg.confirm
+    if not (_whole(c.seeds) and c.seeds >= 0 and _whole(c.top) and c.top >= 1
+            and (c.prompts is None or (_whole(c.prompts) and c.prompts >= 2))):
+        raise UserError(f"confirm: seeds must be >= 0, top >= 1 and prompts >= 2 (or left out), got seeds={c.seeds!r}, "
+                        f"top={c.top!r}, prompts={c.prompts!r}")
+    base = trial_config(cfg, {}, 0)
+    if base.drafter.init_from:      # the warm start's source is read now, not when the first trial starts
+        from ..training.config import init_source_config
+
+        init_source_config(base.drafter.init_from)
     # what a worker opens besides trials (the tracking URI is checked with the trial configs above), before any
     # study, database or data exists
     make_sampler(cfg.sampler)
@@ -79,6 +101,10 @@ def load_sweep(path: str | Path | None = DEFAULT_SWEEP, overrides: list[str] = (
     if bad or not cfg.objectives:
         raise UserError(f"objectives must be a non-empty subset of {list(OBJECTIVES)}, got {cfg.objectives}")
     return cfg
+
+
+def _whole(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
 
 
 def check_storage_url(url: str | None) -> None:
@@ -95,21 +121,26 @@ def check_storage_url(url: str | None) -> None:
                                          "sqlite:///PATH or postgresql://...")) from None
 
 
-def trial_config(sweep: SweepConfig, params: dict, trial_number: int):
-    """The TrainConfig of one trial: base recipe, sweep overrides, then the sampled values."""
+def trial_config(sweep: SweepConfig, params: dict, trial_number: int, seed: int | None = None,
+                 out_dir: str | Path | None = None, extra: list[str] = ()):
+    """The TrainConfig of one trial: base recipe, sweep overrides, then the sampled values. The confirmation
+    stage trains the same configuration again with another `seed` into its own `out_dir` (`extra`: overrides
+    applied last)."""
     from ..training.config import TrainConfig
 
-    out = Path(sweep.out_dir) / sweep.study_name / f"trial_{trial_number:04d}"
+    out = out_dir or Path(sweep.out_dir) / sweep.study_name / f"trial_{trial_number:04d}"
     ov = list(sweep.overrides) + [f"{k}={json.dumps(v)}" for k, v in params.items()]
     ov += [f"out_dir={json.dumps(str(out))}", f"run_name=trial-{trial_number}", f"experiment={sweep.experiment}",
-           "progress_bar=false"]     # the sweep prints its own progress; per-trial bars are noise
+           "progress_bar=false"]     # the sweep prints its own progress; Lightning's bars would interleave
     if sweep.tracking_uri:
         ov.append(f"tracking_uri={sweep.tracking_uri}")
     if sweep.target:
         ov.append(f"target={sweep.target}")
     if sweep.seed is not None:
         ov.append(f"seed={sweep.seed}")
-    return load_config(TrainConfig, sweep.base_config, ov, runs_dir=sweep.runs_dir)
+    if seed is not None:
+        ov.append(f"seed={seed}")
+    return load_config(TrainConfig, sweep.base_config, ov + list(extra), runs_dir=sweep.runs_dir)
 
 
 def base_values(base_cfg, space: dict) -> dict:

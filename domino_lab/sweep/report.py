@@ -69,8 +69,43 @@ def pruning_savings(study, max_steps: int) -> float | None:
     return 1 - ran / (max_steps * len(done))
 
 
+def _pct(a: float, b: float) -> str:
+    return f"{100 * (a / b - 1):+.1f}%" if b else "–"
+
+
+def confirmation_lines(conf: dict | None, sweep) -> list[str]:
+    """The confirmation stage as markdown: verdict, paired Δτ, per-seed τ, the noise band and the resolution."""
+    if not conf:
+        if sweep.confirm.seeds:
+            return ["**Confirmation:** not run yet (it starts once the study has all its trials, with a complete "
+                    "baseline and another complete trial).", ""]
+        return ["**Confirmation:** off (confirm.seeds: 0). One seed and a short budget per trial: confirm a winner "
+                "over several seeds before calling it (docs/design.md#sweep-resolution).", ""]
+    b, base, res = conf["best"], conf["baseline"], conf["resolution"]
+    lo, hi = conf["delta_ci"]
+    lines = [f"**Confirmation: {conf['verdict']}.** Trial {b['trial']} against the baseline (trial {base['trial']}), "
+             f"each trained with seeds {conf['seeds']} and scored on {conf['prompts']} held-out prompts × "
+             f"{conf['max_new_tokens']} new tokens the search never scored: paired Δτ = {conf['delta_mean']:+.3f} "
+             f"(95% CI {lo:+.3f} … {hi:+.3f}; {conf['n_pairs']} prompt×seed pairs, {conf['wins']} wins / "
+             f"{conf['losses']} losses).", "",
+             "| | trial | τ per seed | mean τ | speedup est. |", "|---|---|---|---|---|"]
+    for name, side in (("best", b), ("baseline", base)):
+        lines.append(f"| {name} | {side['trial']} | {' '.join(f'{t:.3f}' for t in side['tau_per_seed'])} | "
+                     f"{side['tau_mean']:.3f} | " +
+                     (f"{side['speedup_est']:.2f}x" if side.get("speedup_est") else "–") + " |")
+    lines.append("")
+    if res["noise_sd"] is not None and res["spread_sd"]:
+        ok = "within" if res["resolved"] else "NOT within"
+        lines.append(f"**Resolution:** seed noise of a trial score (SD of the baseline's τ over {len(conf['seeds'])} "
+                     f"seeds) = {res['noise_sd']:.4f}; spread of the trial scores (SD over the complete trials, "
+                     f"{res['spread_range'][0]:.3f} … {res['spread_range'][1]:.3f}) = {res['spread_sd']:.4f}; "
+                     f"noise/spread = {res['noise_over_spread']:.2f}, {ok} the 1/3 the evaluation is sized for.")
+        lines.append("")
+    return lines
+
+
 def write_report(study, sweep, out_dir: Path, client, parent: str, tracking_uri: str, storage_url: str,
-                 max_steps: int | None = None) -> dict:
+                 max_steps: int | None = None, base_cfg=None) -> dict:
     plots_dir = out_dir / "plots"
     plots_dir.mkdir(parents=True, exist_ok=True)
     rows = []
@@ -79,11 +114,14 @@ def write_report(study, sweep, out_dir: Path, client, parent: str, tracking_uri:
                      "last_intermediate": t.intermediate_values[max(t.intermediate_values)]
                      if t.intermediate_values else None,
                      "params": t.params, "baseline": bool(t.user_attrs.get("baseline")),
-                     "speedup_est": t.user_attrs.get("speedup_est"),
-                     "best_dir": t.user_attrs.get("best_dir"), "mlflow_run_id": t.user_attrs.get("mlflow_run_id")})
+                     "speedup_est": t.user_attrs.get("speedup_est"), "draft_ms": t.user_attrs.get("draft_ms"),
+                     "verify_ms": t.user_attrs.get("verify_ms"), "seed": t.user_attrs.get("seed"),
+                     "best_dir": t.user_attrs.get("best_dir"), "final_dir": t.user_attrs.get("final_dir"),
+                     "mlflow_run_id": t.user_attrs.get("mlflow_run_id")})
     complete = [r for r in rows if r["state"] == "COMPLETE"]
     counts = {s: sum(r["state"] == s for r in rows) for s in ("COMPLETE", "PRUNED", "FAIL", "RUNNING")}
     multi = len(study.directions) > 1
+    conf = study.user_attrs.get("confirmation")
     lines = []
     if not complete:
         answer = f"No trial of study '{sweep.study_name}' completed yet ({counts}); see {out_dir}."
@@ -99,26 +137,43 @@ def write_report(study, sweep, out_dir: Path, client, parent: str, tracking_uri:
                   f"{counts['FAIL']} failed): trial {best.number}, val τ = {best.value:.3f} with " +
                   ", ".join(f"{k}={_fmt(v)}" for k, v in best.params.items()) + ".")
         if base is not None:
-            gain = 100 * (best.value / base["values"][0] - 1)
             answer += (f" The base recipe's own values (trial {base['trial']}) reach τ = {base['values'][0]:.3f}; "
-                       f"the best is {gain:+.1f}%.")
-        answer += (" One seed and a short budget per trial: confirm a winner over several seeds before "
-                   "calling it (docs/design.md#laptop-scale-evidence).")
+                       f"the best is {_pct(best.value, base['values'][0])}.")
         if best.user_attrs.get("best_dir"):
             answer += f" Best drafter: {best.user_attrs['best_dir']}"
+    if conf and complete:
+        answer += (f"\nConfirmation ({len(conf['seeds'])} seeds × {conf['prompts']} held-out prompts): trial "
+                   f"{conf['best']['trial']} vs the baseline, Δτ = {conf['delta_mean']:+.3f} (95% CI "
+                   f"{conf['delta_ci'][0]:+.3f} … {conf['delta_ci'][1]:+.3f}): {conf['verdict']}.")
+        res = conf["resolution"]
+        if res["noise_over_spread"] is not None:
+            answer += (f" Seed noise SD {res['noise_sd']:.4f} vs trial spread SD {res['spread_sd']:.4f} "
+                       f"(ratio {res['noise_over_spread']:.2f}; sized for ≤ 0.33).")
     lines.append(f"# Sweep `{sweep.study_name}`\n\n{answer}\n")
-    lines.append("| trial | state | " + " | ".join(sweep.objectives) + " | speedup est. | params |")
-    lines.append("|---|---|" + "---|" * len(sweep.objectives) + "---|---|")
+    if base_cfg is not None:
+        e = base_cfg.eval
+        how_trained = (f"head only (optim.train=head) on the backbone of `{base_cfg.drafter.init_from}`"
+                       if base_cfg.optim.train == "head" else
+                       f"the whole drafter{' from ' + repr(base_cfg.drafter.init_from) if base_cfg.drafter.init_from else ' from scratch'}")
+        lines.append(f"Each trial trains {how_trained} for {base_cfg.max_steps} steps (batch {base_cfg.data.batch_size}, "
+                     f"{base_cfg.data.features} target features) and is scored by τ of real greedy speculative "
+                     f"decoding on {e.tau_prompts} held-out prompts × {e.tau_max_new_tokens} new tokens "
+                     f"(validation split of {base_cfg.data.path}). Speedup est. = τ × plain step ms ÷ (draft + "
+                     "verify ms), all measured per sequence in this session.\n")
+    lines += confirmation_lines(conf, sweep)
+    lines.append("| trial | state | " + " | ".join(sweep.objectives) + " | draft ms | verify ms | speedup est. | params |")
+    lines.append("|---|---|" + "---|" * len(sweep.objectives) + "---|---|---|---|")
     key = (lambda r: -(r["values"] or [float("-inf")])[0]) if not multi else (lambda r: r["trial"])
     for r in sorted(rows, key=lambda r: (r["state"] != "COMPLETE", key(r))):
         vals = r["values"] or [r["last_intermediate"]] + [None] * (len(sweep.objectives) - 1)
         lines.append(f"| {r['trial']}{' (baseline)' if r['baseline'] else ''} | {r['state']} | " +
                      " | ".join(_fmt(v) if v is not None else "–" for v in vals) + " | " +
-                     (f"{r['speedup_est']:.2f}x" if r["speedup_est"] else "–") + " | " +
+                     " | ".join(f"{r[k]:.2f}" if r[k] is not None else "–" for k in ("draft_ms", "verify_ms")) +
+                     " | " + (f"{r['speedup_est']:.2f}x" if r["speedup_est"] else "–") + " | " +
                      ", ".join(f"{k}={_fmt(v)}" for k, v in r["params"].items()) + " |")
     saved = pruning_savings(study, max_steps)
     counts["compute_saved_by_pruning"] = saved
-    how = (f"Pruning saved {100 * saved:.0f}% of the trials' training steps. " if saved is not None else "") + \
+    how = (f"Pruning saved {100 * saved:.0f}% of the trials' training steps. " if saved else "") + \
         f"Open the runs: mlflow ui --backend-store-uri {mask_credentials(tracking_uri)}  |  optuna-dashboard " \
         f"{mask_credentials(storage_url)}"
     plots = _plots(study, plots_dir, sweep.space)
@@ -129,13 +184,18 @@ def write_report(study, sweep, out_dir: Path, client, parent: str, tracking_uri:
     with atomic_path(out_dir / "summary.md") as tmp:
         tmp.write_text("\n".join(lines) + "\n")
         _readable(tmp)
-    answer = answer + "\n" + "\n".join(l for l in lines[1:] if l.startswith("|")) + "\n" + how
-    summary = {"study": sweep.study_name, "counts": counts, "trials": rows, "answer": answer,
-               "summary_md": str(out_dir / "summary.md"), "plots": [str(p) for p in plots]}
+    conf_rows = set(confirmation_lines(conf, sweep))
+    table = "\n".join(l for l in lines if l.startswith("|") and l not in conf_rows)
+    conf_table = "\n".join(l for l in confirmation_lines(conf, sweep) if l.startswith("|"))
+    summary = {"study": sweep.study_name, "counts": counts, "confirmation": conf,
+               "confirmations": study.user_attrs.get("confirmations"), "trials": rows, "answer": answer,
+               "table": table, "confirmation_table": conf_table, "how": how, "summary_md": str(out_dir / "summary.md"),
+               "summary_json": str(out_dir / "summary.json"), "plots": [str(p) for p in plots]}
     with atomic_path(out_dir / "summary.json") as tmp:
         tmp.write_text(json.dumps(summary, indent=2, default=str))
         _readable(tmp)
     client.log_artifact(parent, str(out_dir / "summary.md"))
+    client.log_artifact(parent, str(out_dir / "summary.json"))
     for p in plots:
         client.log_artifact(parent, str(p), "plots")
     if complete and not multi:

@@ -24,6 +24,7 @@ from ..errors import UserError, mask_credentials
 from ..training.tracking import default_artifact_location, default_tracking_uri
 from .config import SweepConfig, base_values, trial_config
 from .space import make_pruner, make_sampler, suggest
+from .trial import TrialProgress, confirmable, speedup_est
 
 DIRECTIONS = {"tau": "maximize", "draft_ms": "minimize"}
 SETUP_LOCK_KEY = 0x646F6D696E6F     # pg_advisory_lock key ("domino") serialising table creation
@@ -87,22 +88,50 @@ class SweepRunner:
         self.parent = None
         self.target = None
         self.t_ar_ms = None
+        self.confirm_prompts: list[list[int]] = []
 
     # ---- shared state, made once --------------------------------------------------------------------
     def prepare(self, target=None) -> "SweepRunner":
         from ..data.regenerate import ensure_regenerated
         from ..target import Target
 
-        with self._setup_lock():
-            self.study = self._study()
-            self._enqueue_baseline()
         self.target = target or Target.from_pretrained(self.base.target, dtype=self.base.dtype)
         ensure_regenerated(self.base.data.path, self.target, n_math=self.sweep.regen_math,
                            n_code=self.sweep.regen_code, max_new_tokens=self.sweep.regen_max_new_tokens,
                            target_name=self.base.target, log_prefix="[sweep]")
+        # the data decides whether the held-out prompts suffice: checked before any study exists
+        self._prepare_features_and_prompts()
+        with self._setup_lock():
+            self.study = self._study()
+            self._enqueue_baseline()
         with self._setup_lock():
             self.parent = self._parent_run()
         return self
+
+    def _prepare_features_and_prompts(self) -> None:
+        """The offline feature cache (built here, with its progress bar, rather than silently inside the first
+        trial) and the held-out prompts: the search's eval.tau_prompts first, the confirmation's after them."""
+        from ..training.config import drafter_config
+        from ..training.datamodule import DrafterDataModule
+
+        dm = DrafterDataModule(self.base.data, seed=self.base.seed)
+        dm.setup()
+        search = self.base.eval.tau_prompts
+        n_confirm = self.confirm_prompts_count()
+        if self.sweep.confirm.seeds and len(dm.val_rows) < search + n_confirm:
+            raise UserError(f"the confirmation needs {search} + {n_confirm} held-out prompts but the validation split "
+                            f"of {self.base.data.path} has {len(dm.val_rows)}; raise data.val_fraction or the "
+                            "regenerated data (regen_math, regen_code), or lower eval.tau_prompts / confirm.prompts")
+        self.confirm_prompts = [r["input_ids"][: r["prompt_len"]]
+                                for r in dm.val_rows[search: search + n_confirm]]
+        if self.base.data.features == "offline":
+            from ..data.features import ensure
+
+            taps = drafter_config(self.base.drafter, self.target).target_layer_ids
+            ensure(self.target, dm.train_rows + dm.val_rows, taps, self.base.data.features_dir, progress=True)
+
+    def confirm_prompts_count(self) -> int:
+        return self.sweep.confirm.prompts or max(2, self.base.eval.tau_prompts)
 
     def _storage(self):
         try:
@@ -216,14 +245,18 @@ class SweepRunner:
     def _finished_trials(self, study) -> int:
         return len(study.get_trials(deepcopy=False, states=DONE_STATES))
 
-    def _update_parent_status(self, study) -> None:
-        """The parent run is RUNNING while the study has work left and FINISHED once it reached its trial count
-        (total_trials; without one, when no trial is running or waiting any more)."""
+    def _study_done(self, study) -> bool:
+        """The study reached its trial count (total_trials; without one, no trial is running or waiting)."""
         if self.sweep.total_trials:
-            done = self._finished_trials(study) >= self.sweep.total_trials
-        else:
-            pending = (optuna.trial.TrialState.RUNNING, optuna.trial.TrialState.WAITING)
-            done = not study.get_trials(deepcopy=False, states=pending)
+            return self._finished_trials(study) >= self.sweep.total_trials
+        pending = (optuna.trial.TrialState.RUNNING, optuna.trial.TrialState.WAITING)
+        return not study.get_trials(deepcopy=False, states=pending)
+
+    def _update_parent_status(self, study) -> None:
+        """The parent run is RUNNING while the study has work left (its trials, then the confirmation stage) and
+        FINISHED once everything is done."""
+        done = self._study_done(study) and (not self.sweep.confirm.seeds or "confirmation" in study.user_attrs
+                                            or not confirmable(study))
         status = "FINISHED" if done else "RUNNING"
         try:
             if self.client.get_run(self.parent).info.status != status:
@@ -248,6 +281,7 @@ class SweepRunner:
         logger.log_hyperparams({f"trial.{k}": v for k, v in params.items()})
         trial.set_user_attr("mlflow_run_id", logger.run_id)
         callbacks = [StepPruningCallback(trial, monitor="val/tau")] if len(self.sweep.objectives) == 1 else []
+        callbacks.append(TrialProgress(self._trial_label(trial.number), cfg.max_steps))
         try:
             res = train(cfg, extra_callbacks=callbacks, logger=logger, target=self.target)
         except optuna.TrialPruned:
@@ -256,15 +290,33 @@ class SweepRunner:
             raise
         logger.experiment.set_tag(logger.run_id, "optuna.state", "COMPLETE")
         trial.set_user_attr("best_dir", res["best_dir"])
+        trial.set_user_attr("final_dir", res.get("final_dir"))
+        trial.set_user_attr("seed", cfg.seed)
         if res["best_tau"] is None:
             raise UserError("a trial finished without a validation; set eval.every_n_steps <= max_steps")
         values = {"tau": res["best_tau"], "draft_ms": res["best_draft_ms"]}
         if self.t_ar_ms and res.get("best_draft_ms") is not None and res.get("best_verify_ms") is not None:
             # the speculative cost model: tokens per step × plain step time / speculative step time
-            trial.set_user_attr("speedup_est", res["best_tau"] * self.t_ar_ms /
-                                (res["best_draft_ms"] + res["best_verify_ms"]))
+            trial.set_user_attr("speedup_est", speedup_est(res["best_tau"], self.t_ar_ms, res["best_draft_ms"],
+                                                           res["best_verify_ms"]))
+            trial.set_user_attr("draft_ms", res["best_draft_ms"])
+            trial.set_user_attr("verify_ms", res["best_verify_ms"])
         out = [values[o] for o in self.sweep.objectives]
         return out[0] if len(out) == 1 else out
+
+    def _trial_label(self, number: int) -> str:
+        total = self.sweep.total_trials or self.sweep.n_trials
+        return f"trial {number} ({min(number + 1, total)}/{total})" if self.sweep.total_trials else f"trial {number}"
+
+    def _trial_done(self, study, trial) -> None:
+        """One line per finished trial, above the progress bar."""
+        from tqdm.auto import tqdm
+
+        score = f"τ = {trial.values[0]:.3f}" if trial.values else (
+            f"τ = {trial.intermediate_values[max(trial.intermediate_values)]:.3f} at step "
+            f"{max(trial.intermediate_values)}" if trial.intermediate_values else "no score")
+        tqdm.write(f"[sweep] trial {trial.number} {trial.state.name.lower()}: {score}"
+                   + (" (baseline)" if trial.user_attrs.get("baseline") else ""), file=sys.stderr)
 
     # ---- the worker ------------------------------------------------------------------------------------
     def run_worker(self) -> dict:
@@ -280,12 +332,17 @@ class SweepRunner:
             callbacks.append(optuna.study.MaxTrialsCallback(self.sweep.total_trials, states=DONE_STATES))
         if n_trials:
             self._update_parent_status(study)
-            study.optimize(self.objective, n_trials=n_trials, callbacks=callbacks,
+            study.optimize(self.objective, n_trials=n_trials, callbacks=callbacks + [self._trial_done],
                            timeout=self.sweep.timeout_min * 60 if self.sweep.timeout_min else None,
-                           catch=(RuntimeError,), gc_after_trial=True, show_progress_bar=True)
+                           catch=(RuntimeError,), gc_after_trial=True, show_progress_bar=False)
         final = self._reload_study()
+        if self.sweep.confirm.seeds and self._study_done(final):
+            from .confirm import run_confirmation
+
+            run_confirmation(self, final)
+            final = self._reload_study()
         summary = write_report(final, self.sweep, self.dir, self.client, self.parent, self.tracking_uri,
-                               self.storage_url, self.base.max_steps)
+                               self.storage_url, self.base.max_steps, base_cfg=self.base)
         self._update_parent_status(final)
         return summary
 

@@ -29,12 +29,38 @@ def _drafter_overrides() -> type:
 DrafterOverrides = _drafter_overrides()
 
 
+# What a warm start may change on top of its source drafter: the family and the head's shape (a dflash backbone
+# gets a new Domino head); every other field is the source's architecture, so its weights fit.
+HEAD_FIELDS = ("method", "gru_hidden", "rank", "frspec_k")
+
+
+def init_source_config(spec: str) -> dict:
+    """config.json of the drafter `init_from` names (a shipped name or a drafter directory), without its weights."""
+    import json
+    from pathlib import Path
+
+    from ..models.drafter import SHIPPED_DRAFTERS
+
+    path = SHIPPED_DRAFTERS.get(str(spec), Path(spec))
+    try:
+        return json.loads((Path(path) / "config.json").read_text())
+    except (OSError, ValueError) as e:
+        raise UserError(f"drafter.init_from {spec}: not a readable drafter directory ({e}); name a shipped "
+                        "drafter (default, default-dflash) or a directory written by domino_lab.train") from None
+
+
 def drafter_config(overrides, target) -> DrafterConfig:
-    """The DrafterConfig `overrides` (a DrafterOverrides) describe for `target`."""
+    """The DrafterConfig `overrides` (a DrafterOverrides) describe for `target`. With `init_from`, the fields the
+    overrides leave unset come from the source drafter (its taps, width, block size, ...), so a warm start follows
+    whatever drafter it is given instead of the recipe's guesses."""
     from ..target import default_tap_layers
 
     over = {k: v for k, v in dataclasses.asdict(overrides).items()
             if v is not None and k not in ("num_taps", "init_from")}
+    if overrides.init_from:
+        src = init_source_config(overrides.init_from)
+        names = {f.name for f in dataclasses.fields(DrafterConfig)} - {"target_fingerprint"} - set(HEAD_FIELDS)
+        over = {**{k: v for k, v in src.items() if k in names}, **over}
     if "target_layer_ids" not in over:
         over["target_layer_ids"] = default_tap_layers(target.num_layers, overrides.num_taps)
     return DrafterConfig.for_target(target, over.pop("method", "domino"), **over)
@@ -69,6 +95,9 @@ class LossOptions:
     curriculum: LambdaConfig = field(default_factory=LambdaConfig)
 
 
+TRAIN_PARTS = ("all", "head")
+
+
 @dataclass
 class OptimOptions:
     lr: float = 6e-4
@@ -76,6 +105,10 @@ class OptimOptions:
     warmup_ratio: float = 0.04
     grad_clip: float = 1.0
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    # what the optimiser trains: "all" (the whole drafter) or "head" (the Domino head only, the backbone frozen
+    # as drafter.init_from gave it: head-only sweeps on a trained backbone are several times cheaper per step and
+    # measure the head's knobs instead of how far a fresh backbone got)
+    train: str = "all"
 
 
 @dataclass
@@ -84,6 +117,9 @@ class EvalOptions:
     val_batches: int = 4                   # batches of the validation split for loss/accuracy
     tau_prompts: int = 8                   # validation prompts decoded with the real engine for val/tau
     tau_max_new_tokens: int = 64
+    # prompts decoded together for val/tau (batched greedy decoding, the same τ per prompt; 1 = one at a time).
+    # Draft/verify ms stay per sequence: with tau_batch > 1 they come from the first prompt decoded alone.
+    tau_batch: int = 1
 
 
 @dataclass
@@ -163,11 +199,17 @@ class TrainConfig:
             raise UserError(f"optim.betas must be two numbers, got {o.betas!r}")
         for i, b in enumerate(o.betas):
             check_number(b, f"optim.betas[{i}]", 0.0, 1.0, high_open=True)
+        if o.train not in TRAIN_PARTS:
+            raise UserError(f"optim.train must be one of {list(TRAIN_PARTS)}, got {o.train!r}")
+        if o.train == "head" and not self.drafter.init_from:
+            raise UserError("optim.train=head freezes the backbone, which would stay random; set drafter.init_from "
+                            "to a trained drafter (e.g. default-dflash)")
         e = self.eval
         check_int(e.every_n_steps, "eval.every_n_steps", 1)
         check_int(e.val_batches, "eval.val_batches", 0)
         check_int(e.tau_prompts, "eval.tau_prompts", 0)
         check_int(e.tau_max_new_tokens, "eval.tau_max_new_tokens", 1)
+        check_int(e.tau_batch, "eval.tau_batch", 1)
         from .tracking import check_tracking_uri
 
         check_tracking_uri(self.tracking_uri)

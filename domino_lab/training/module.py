@@ -33,10 +33,10 @@ class DrafterModule(pl.LightningModule):
         if target is not None:
             self.attach_target(target)
         if cfg.drafter.init_from:
-            from safetensors.torch import load_file
-
             src = Drafter.from_pretrained(cfg.drafter.init_from, target)   # checks it fits the target
-            self.drafter.load_state_dict(src.state_dict())
+            warm_start(self.drafter, src, head=cfg.optim.train != "head", name=cfg.drafter.init_from)
+        if cfg.optim.train == "head":
+            freeze_backbone(self.drafter)
 
     def attach_target(self, target) -> None:
         """The target is frozen and never saved in checkpoints: keep it outside the module tree."""
@@ -106,7 +106,8 @@ class DrafterModule(pl.LightningModule):
     def on_validation_epoch_end(self) -> None:
         if self.trainer.sanity_checking or not self.tau_prompts:
             return
-        stats = measure_tau(self.target, self.drafter, self.tau_prompts, self.cfg.eval.tau_max_new_tokens)
+        stats = measure_tau(self.target, self.drafter, self.tau_prompts, self.cfg.eval.tau_max_new_tokens,
+                            batch=self.cfg.eval.tau_batch)
         self.log("val/tau", stats["tau"], prog_bar=True, sync_dist=True)
         self.log("val/draft_ms", stats["draft_ms"], sync_dist=True)
         self.log("val/verify_ms", stats["verify_ms"], sync_dist=True)
@@ -117,24 +118,113 @@ class DrafterModule(pl.LightningModule):
     # ---- optimisation ----------------------------------------------------------------------------
     def configure_optimizers(self):
         o = self.cfg.optim
-        opt = torch.optim.AdamW(self.drafter.parameters(), lr=o.lr, weight_decay=o.weight_decay,
+        params = [p for p in self.drafter.parameters() if p.requires_grad]     # optim.train=head: the head only
+        opt = torch.optim.AdamW(params, lr=o.lr, weight_decay=o.weight_decay,
                                 betas=tuple(o.betas))
         warmup = int(o.warmup_ratio * self.cfg.max_steps)
         sched = get_cosine_schedule_with_warmup(opt, warmup, self.cfg.max_steps)
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
 
+def warm_start(drafter, src, head: bool = True, name: str = "init_from") -> None:
+    """Copy `src`'s weights into `drafter`. The backbone must match exactly (same family layout and shapes: the
+    config took the source's architecture, training/config.py#drafter_config). The head is copied when `head` and
+    both have one of the same shape; a source without a head (a dflash backbone under a domino drafter) leaves the
+    new head as initialised. Anything else is a UserError naming the first tensor that does not fit."""
+    from ..errors import UserError
+
+    head_keys, src_head = _head_keys(drafter), _head_keys(src)
+    want, have = drafter.state_dict(), src.state_dict()
+    take = {}
+    for k, v in have.items():
+        if k in src_head and (not head or k not in want):
+            continue                      # the source's head is not wanted, or this drafter has none
+        if k not in want or want[k].shape != v.shape:
+            got = "is missing" if k not in want else f"is {list(want[k].shape)}, the source's {list(v.shape)}"
+            raise UserError(f"drafter.init_from {name}: its weights do not fit this drafter ({k} {got}); warm-start "
+                            "from a drafter with the same backbone, and set the head's rank/gru_hidden to the "
+                            "source's or train the head from scratch (optim.train=head)")
+        take[k] = v
+    missing = set(want) - set(take) - head_keys
+    if missing:
+        raise UserError(f"drafter.init_from {name}: the source lacks {sorted(missing)[0]}")
+    drafter.load_state_dict(take, strict=False)
+
+
+def _head_keys(drafter) -> set[str]:
+    """State-dict keys of the drafter's head (empty for a family without one)."""
+    head = drafter.body_parts().get("head")
+    names = [n for n, m in drafter.named_children() if m is head] if head is not None else []
+    return {k for k in drafter.state_dict() if names and k.split(".", 1)[0] == names[0]}
+
+
+def freeze_backbone(drafter) -> None:
+    """optim.train=head: only the Domino head trains. Nothing upstream of the head then needs a gradient, so
+    autograd records no backbone operation (the backbone's forward costs what it costs under no_grad)."""
+    from ..errors import UserError
+
+    head = drafter.body_parts().get("head") if drafter.has_head else None
+    if head is None:
+        raise UserError(f"optim.train=head needs a drafter with a head (method domino), not "
+                        f"'{drafter.config.method}'")
+    keep = {id(p) for p in head.parameters()}
+    for p in drafter.parameters():
+        p.requires_grad_(id(p) in keep)
+
+
 @torch.no_grad()
-def measure_tau(target, drafter, prompts: list[list[int]], max_new_tokens: int) -> dict:
-    """τ, per-position acceptance and draft/verify ms (decoding.metrics) from real greedy decoding."""
+def measure_tau(target, drafter, prompts: list[list[int]], max_new_tokens: int, batch: int = 1) -> dict:
+    """τ, per-position acceptance, per-prompt τ and draft/verify ms (decoding.metrics) from real greedy decoding.
+
+    batch > 1 decodes the prompts `batch` at a time (decoding/batched.py: every row's greedy output, hence its
+    τ, is the one it gets alone; several times faster on a CPU, where one 9-token verify forward is mostly
+    overhead). Step times are per sequence, so they then come from the first prompt decoded alone. Per-position
+    acceptance is counted from committed lengths there (a step cut by EOS or the token budget counts as a
+    rejection at the cut)."""
     was_training = drafter.training
     drafter.eval()
-    tally = StepTally(drafter.config.num_drafts)
-    for p in prompts:
-        tally.add(speculative_generate(target, drafter, prompt_ids=p, max_new_tokens=max_new_tokens).steps)
-    drafter.train(was_training)
-    out = tally.summary()
+    try:
+        if batch > 1 and drafter.supports_batched and len(prompts) > 1:
+            out = _measure_batched(target, drafter, prompts, max_new_tokens, batch)
+        else:
+            tally = StepTally(drafter.config.num_drafts)
+            per_prompt = []
+            for i, p in enumerate(prompts):
+                steps = speculative_generate(target, drafter, prompt_ids=p, max_new_tokens=max_new_tokens).steps
+                tally.add(steps)
+                per_prompt.append(_prompt_row(i, [s.acceptance_length for s in steps]))
+            out = tally.summary() | {"per_prompt": per_prompt}
+    finally:
+        drafter.train(was_training)
     return out | {"tau": out["tau"] or 0.0, "draft_ms": out["draft_ms"] or 0.0, "verify_ms": out["verify_ms"] or 0.0}
+
+
+def _prompt_row(i: int, lengths: list[int]) -> dict:
+    """One prompt's τ in the layout evaluate.paired reads ({"id", "tau", "steps"})."""
+    return {"id": str(i), "tau": sum(lengths) / len(lengths) if lengths else 0.0, "steps": len(lengths)}
+
+
+def _measure_batched(target, drafter, prompts, max_new_tokens: int, batch: int) -> dict:
+    from ..decoding.batched import batched_generate
+
+    n = drafter.config.num_drafts
+    reached, accepted = [0] * n, [0] * n
+    per_prompt, committed, steps = [], 0, 0
+    for lo in range(0, len(prompts), batch):
+        res = batched_generate(target, drafter, prompts[lo:lo + batch], max_new_tokens=max_new_tokens)
+        for r, lengths in enumerate(res.acceptance_lengths):
+            per_prompt.append(_prompt_row(lo + r, lengths))
+            committed, steps = committed + sum(lengths), steps + len(lengths)
+            for length in lengths:
+                acc = min(length - 1, n)
+                for i in range(min(n, acc + 1)):
+                    reached[i] += 1
+                    accepted[i] += int(i < acc)
+    timing = StepTally(n).add(speculative_generate(target, drafter, prompt_ids=prompts[0],
+                                                   max_new_tokens=max_new_tokens).steps)
+    return {"tau": committed / steps if steps else None, "steps": steps, "per_prompt": per_prompt,
+            "accept_pos": [a / r if r else None for a, r in zip(accepted, reached)],
+            "draft_ms": timing.draft_ms, "verify_ms": timing.verify_ms}
 
 
 def step_seed(seed: int, rank: int, step: int) -> int:

@@ -74,9 +74,46 @@ def make_logger(tracking_uri: str | None, experiment: str, run_name: str | None,
                 f"--resume: the MLflow run {run_id} recorded in {out_dir / RUN_FILE} is not in the tracking store "
                 f"{uri}; resume with the tracking_uri the run was logged to, or delete {RUN_FILE} to continue in "
                 "a new MLflow run")) from None
+    ensure_experiment(uri, experiment)
     logger = MLFlowLogger(experiment_name=experiment, run_name=run_name, tracking_uri=uri, run_id=run_id,
                           tags=tags, artifact_location=default_artifact_location(experiment, uri))
     return logger
+
+
+def ensure_experiment(uri: str, experiment: str) -> str:
+    """The experiment's id, creating the experiment (and a fresh SQLite store's tables) if needed.
+
+    Several trainings started at once on a new store otherwise race: each one creates the SQLite schema or the
+    experiment, and all but one die on "table experiments already exists" / a UNIQUE violation. A SQLite store is
+    initialised under a file lock beside it; any store answers a lost creation race by reading the winner's id."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    def get_or_create() -> str:
+        client = MlflowClient(uri)
+        found = client.get_experiment_by_name(experiment)
+        if found is not None:
+            return found.experiment_id
+        try:
+            return client.create_experiment(experiment, artifact_location=default_artifact_location(experiment, uri))
+        except MlflowException:
+            found = client.get_experiment_by_name(experiment)
+            if found is None:
+                raise
+            return found.experiment_id
+
+    if not uri.startswith(SQLITE):
+        return get_or_create()
+    import fcntl
+
+    db = Path(uri[len(SQLITE):])
+    db.parent.mkdir(parents=True, exist_ok=True)
+    with open(db.parent / f".{db.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            return get_or_create()
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def read_run_id(out_dir: Path) -> str | None:

@@ -1,0 +1,186 @@
+"""Tree verification for block drafters: build a draft tree under a node budget, verify all of it in one target
+forward, follow the longest path the target agrees with, and compact the target's cache to that path.
+
+docs/design.md#tree-verification explains the method; in short:
+
+- **Building** (`build_tree`): best-first by the drafter's path probability (the product of each node's probability
+  given its parent), as DDTree does. A drafter supplies the children distribution of any node through an
+  *expander* (`children(level, ids, tokens, parents, k)` -> the top-k children's log-probabilities, vocabulary ids
+  and logits, one row per node, or one row shared by all): a DFlash drafter's children of every node at one depth
+  are that slot's marginal; the Domino head runs its GRU along each branch, so its children depend on the path.
+- **Verifying** (`attention_mask`, `positions`): the anchor and the N nodes go through the target in one forward;
+  each node sees the cached prefix, the anchor and its own ancestors, at position anchor + depth.
+- **Accepting** (`greedy_path`): from the anchor, step to the child whose token is the target's argmax while there
+  is one; the target's argmax after the last accepted node is the bonus. Output equals plain greedy decoding.
+- **Compacting** (`compact_cache`): the K/V of the accepted nodes are moved next to the prefix and the rest cut.
+"""
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+
+import torch
+
+from ..errors import UserError
+
+# A tree of N nodes scores up to N children per expanded node and verifies N + 1 tokens in one forward; beyond this
+# the candidate tensors (N² per level) and the verify forward only cost memory, never acceptance anyone measured.
+MAX_TREE_NODES = 1024
+
+
+def check_tree_nodes(n, what: str = "tree_nodes") -> int:
+    """A node budget as given by a user: a whole number 0..MAX_TREE_NODES (0 = chain verification)."""
+    try:
+        ok = int(n) == n and 0 <= int(n) <= MAX_TREE_NODES
+    except (TypeError, ValueError):
+        ok = False
+    if not ok:
+        raise UserError(f"{what} must be a whole number from 0 (chain verification) to {MAX_TREE_NODES}, got {n!r}")
+    return int(n)
+
+
+@dataclass
+class Tree:
+    """A draft tree. Nodes are ordered by depth, then by score, so a parent always precedes its children; in the
+    verify forward row 0 is the anchor and row i + 1 is node i."""
+    tokens: list[int] = field(default_factory=list)
+    parents: list[int] = field(default_factory=list)    # parent node index, -1 = the anchor
+    depths: list[int] = field(default_factory=list)     # 1 = a guess for the token right after the anchor
+    scores: list[float] = field(default_factory=list)   # log-probability of the path from the anchor (drafter)
+    # The drafter's top-k (vocabulary ids, logits) of the children of the anchor (key -1) and of every expanded
+    # node: the "final" distributions the step record and the dashboard's inspector show.
+    child_top: dict[int, tuple[list[int], list[float]]] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def kids(self) -> list[dict[int, int]]:
+        """Per verify row (0 = anchor, i + 1 = node i): {token: node index} of its children."""
+        out: list[dict[int, int]] = [{} for _ in range(len(self) + 1)]
+        for i, (t, p) in enumerate(zip(self.tokens, self.parents)):
+            out[p + 1].setdefault(t, i)
+        return out
+
+
+def build_tree(expander, n_nodes: int, depth: int, topk: int = 5) -> Tree:
+    """The n_nodes most probable paths (prefix-closed) of at most `depth` drafts, built level by level.
+
+    Why level by level is exact: a child's score (its path's log-probability) is never above its parent's, so once
+    n_nodes known nodes beat a node, neither it nor any descendant can make the final set and it is dropped for good.
+    Each level scores the children of the kept nodes at the deepest depth (one batched expander call: the Domino
+    head steps every kept branch at once) and keeps the best n_nodes of everything known. Every parent's children
+    come sorted, so that selection is a merge of the sorted kept list with one sorted list per parent (a heap),
+    O(n_nodes log parents) Python steps instead of sorting all parents × children. Ties keep the older node (a
+    parent before its children), so the kept set is always a tree.
+    """
+    toks: list[int] = []          # every node selected so far, by id (creation order: a parent precedes its children)
+    pars: list[int] = []
+    deps: list[int] = []
+    scores: list[float] = []
+    tops: dict[int, tuple[list[int], list[float]]] = {}
+    kept: list[int] = []          # ids of the best n_nodes so far, best first
+    frontier = [-1]               # -1 = the anchor
+    for level in range(depth):
+        args = (None, None) if level == 0 else ([toks[g] for g in frontier], [pars[g] for g in frontier])
+        logp, ids, logits = (x.tolist() for x in expander.children(level, frontier, *args, max(n_nodes, topk)))
+        shared = len(logp) == 1   # one row for every parent (DFlash: a slot's marginal ignores the path)
+        for r, g in enumerate(frontier):
+            tops[g] = (ids[0 if shared else r][:topk], logits[0 if shared else r][:topk])
+        base = [scores[g] if g >= 0 else 0.0 for g in frontier]
+        heap = [(-(base[r] + logp[0 if shared else r][0]), r, 0) for r in range(len(frontier))]
+        heapq.heapify(heap)
+        merged, i = [], 0
+        while len(merged) < n_nodes and (i < len(kept) or heap):
+            if i < len(kept) and (not heap or scores[kept[i]] >= -heap[0][0]):   # ties: the older node
+                merged.append(kept[i])
+                i += 1
+                continue
+            neg, r, j = heapq.heappop(heap)
+            row = 0 if shared else r
+            merged.append(len(toks))
+            toks.append(ids[row][j])
+            pars.append(frontier[r])
+            deps.append(level + 1)
+            scores.append(-neg)
+            if j + 1 < len(logp[row]):
+                heapq.heappush(heap, (-(base[r] + logp[row][j + 1]), r, j + 1))
+        kept = merged
+        frontier = [g for g in kept if deps[g] == level + 1]
+        if not frontier:
+            break
+    order = sorted(kept, key=lambda g: (deps[g], -scores[g], g))
+    local = {g: i for i, g in enumerate(order)}
+    tree = Tree([toks[g] for g in order], [local[pars[g]] if pars[g] >= 0 else -1 for g in order],
+                [deps[g] for g in order], [scores[g] for g in order])
+    tree.child_top = {(-1 if g == -1 else local[g]): v for g, v in tops.items() if g == -1 or g in local}
+    return tree
+
+
+def attention_mask(tree: Tree, prefix: int, dtype: torch.dtype, device) -> torch.Tensor:
+    """Additive mask [1, 1, 1 + N, prefix + 1 + N] for the verify forward over [anchor, nodes]: every row sees the
+    cached prefix, the anchor and its own ancestors (itself included), nothing else.
+
+    Additive (0 / dtype min) rather than boolean because Hugging Face's eager attention adds the mask to the scores
+    while sdpa takes either kind; a 4D mask is passed through by HF unchanged."""
+    n = len(tree) + 1
+    anc = torch.zeros(n, n, dtype=torch.bool)
+    anc[0, 0] = True
+    parents = torch.tensor([p + 1 for p in tree.parents], dtype=torch.long)
+    depths = torch.tensor(tree.depths, dtype=torch.long)
+    for d in range(1, max(tree.depths, default=0) + 1):     # parents precede children: one level at a time
+        rows = (depths == d).nonzero().squeeze(-1) + 1
+        anc[rows] = anc[parents[rows - 1]]
+        anc[rows, rows] = True
+    mask = torch.zeros(1, 1, n, prefix + n, dtype=dtype)
+    mask[0, 0, :, prefix:].masked_fill_(~anc, torch.finfo(dtype).min)
+    return mask.to(device)
+
+
+def positions(tree: Tree, start: int, device) -> torch.Tensor:
+    """Position ids [1, 1 + N]: the anchor at `start`, a node at depth k at start + k (siblings share one)."""
+    return torch.tensor([[start] + [start + d for d in tree.depths]], device=device)
+
+
+def greedy_path(tree: Tree, next_token) -> tuple[list[int], int]:
+    """next_token(row): the target's argmax at a verify row (0 = anchor, i + 1 = node i). Returns (the accepted node
+    indices, anchor side first; the bonus: the target's argmax after the last accepted node). Only the rows on the
+    walk are asked for, so the caller can compute the LM head for them alone. The target's greedy continuation is
+    unique, so at most one child matches at each step and the path is the longest one the target agrees with."""
+    kids = tree.kids()
+    path, row = [], 0
+    while (child := kids[row].get(tok := next_token(row))) is not None:
+        path.append(child)
+        row = child + 1
+    return path, tok
+
+
+def reported_path(tree: Tree, path: list[int]) -> list[int]:
+    """The nodes a step record lists as its drafts: the accepted ones, then the tree's best child of the last of them
+    (the first rejected guess), if it has one. Later nodes were conditioned on a rejected token, as the tail of a
+    rejected chain is; listing the first rejection keeps per-position acceptance meaning "reached and accepted"."""
+    last = path[-1] if path else -1
+    best = next((i for i, p in enumerate(tree.parents) if p == last), None)   # nodes are in score order
+    return list(path) + ([best] if best is not None else [])
+
+
+def compact_cache(cache, prefix: int, rows: list[int]) -> None:
+    """Keep the prefix and the given verify rows (0 = anchor, i + 1 = node i; ascending) of every layer.
+
+    Gathering the accepted rows costs a few microseconds per layer; the alternative, cropping to the anchor and
+    running the accepted drafts through the target again, costs a whole forward."""
+    from transformers.cache_utils import DynamicLayer
+
+    keep = len(rows)
+    contiguous = rows == list(range(keep))
+    for layer in cache.layers:
+        if type(layer) is not DynamicLayer:     # sliding windows / extra per-token state: gathering is not enough
+            raise UserError("tree verification needs a target whose cache layers are plain (no sliding window or "
+                            "other per-token state); use chain verification (tree nodes 0) with this target")
+        if not layer.is_initialized:
+            continue
+        if not contiguous:
+            idx = torch.tensor(rows, device=layer.keys.device) + prefix
+            layer.keys[..., prefix: prefix + keep, :] = layer.keys[..., idx, :]
+            layer.values[..., prefix: prefix + keep, :] = layer.values[..., idx, :]
+        layer.keys = layer.keys[..., : prefix + keep, :]
+        layer.values = layer.values[..., : prefix + keep, :]

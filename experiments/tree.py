@@ -1,0 +1,230 @@
+"""Chain vs tree verification: τ and tokens/s against the node budget N for the block drafters.
+
+    python experiments/tree.py                      # the shipped drafters, N = 8 16 32 64, writes experiments/results/tree.*
+    python experiments/tree.py --quick --out /tmp/tree      # 2 prompts, 16 tokens, 1 round (a smoke test)
+    python experiments/tree.py --drafter domino/s0=runs/a/best --drafter domino/s1=runs/b/best ...
+
+Every configuration (plain decoding `ar`, each drafter as a chain, each drafter at each N) decodes the same prompts;
+τ is deterministic under greedy decoding, wall-clock is not, so the whole grid is decoded in `--rounds` interleaved
+rounds (the order rotates every round, after a warm-up) and tokens/s is the median over rounds, with its min and max.
+Several trained seeds of one drafter are given as LABEL=SPEC pairs named `family/seed`: the summary then reports
+mean ± sd over the seeds of each family. Every output is checked against `ar` token for token.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from domino_lab.errors import UserError, atomic_path, run_cli  # noqa: E402
+
+DEFAULT_DRAFTERS = ["domino=default", "dflash=default-dflash"]
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python experiments/tree.py", description=__doc__.splitlines()[0])
+    p.add_argument("--target", default="default")
+    p.add_argument("--drafter", action="append", default=None, metavar="LABEL=SPEC",
+                   help="a block drafter to compare (repeat; `family/seed` labels are pooled per family); default: "
+                        + " ".join(DEFAULT_DRAFTERS))
+    p.add_argument("--nodes", nargs="+", type=int, default=[8, 16, 32, 64], help="tree node budgets N")
+    p.add_argument("--sets", nargs="+", default=["math", "humaneval", "code"])
+    p.add_argument("--limit", type=int, default=12, help="prompts per set")
+    p.add_argument("--max-new-tokens", type=int, default=96)
+    p.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds (tokens/s = their median)")
+    p.add_argument("--warmup", type=int, default=1, help="prompts every configuration decodes before timing")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    p.add_argument("--out", default=str(ROOT / "experiments" / "results"), help="folder for tree.{md,json,png}")
+    p.add_argument("--quick", action="store_true", help="2 prompts per set, 16 new tokens, 1 round (smoke test)")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.limit, args.max_new_tokens, args.rounds = min(args.limit, 2), min(args.max_new_tokens, 16), 1
+    from domino_lab.decoding.tree import check_tree_nodes
+
+    if any(check_tree_nodes(n, "--nodes") < 1 for n in args.nodes):
+        raise UserError("--nodes are tree budgets >= 1 (the chain, N = 0, is always measured)")
+    if min(args.limit, args.max_new_tokens, args.rounds) < 1 or args.warmup < 0:
+        raise UserError("--limit, --max-new-tokens and --rounds must be >= 1, --warmup >= 0")
+    args.drafter = args.drafter or DEFAULT_DRAFTERS
+    labels = []
+    for item in args.drafter:
+        label, sep, spec = item.partition("=")
+        if not sep or not label or not spec or label in labels or label == "ar":
+            raise UserError(f"--drafter {item!r} must be LABEL=SPEC with a new label other than 'ar'")
+        labels.append(label)
+    return args
+
+
+def run(args) -> dict:
+    import torch
+
+    from domino_lab import Target, speculative_generate
+    from domino_lab.data.eval_sets import load_eval_set
+    from domino_lab.decoding.engine import check_tree_mode
+    from domino_lab.decoding.metrics import StepTally
+    from domino_lab.models import load_drafter
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    sets = {s: load_eval_set(s, limit=args.limit) for s in args.sets}        # bad names fail before any model loads
+    target = Target.from_pretrained(args.target)
+    drafters = {}
+    for item in args.drafter:
+        label, _, spec = item.partition("=")
+        drafters[label] = load_drafter(spec, target)
+        check_tree_mode(drafters[label], 0.0)          # an EAGLE chain (or anything else) fails here, early
+    nodes = sorted(set(args.nodes))
+    # configuration = (label, N); ("ar", 0) is plain decoding, N = 0 the chain
+    configs = [("ar", 0)] + [(lab, n) for lab in drafters for n in [0] + nodes]
+
+    def decode(cfg, ids):
+        lab, n = cfg
+        return speculative_generate(target, drafters.get(lab), prompt_ids=ids, max_new_tokens=args.max_new_tokens,
+                                    tree_nodes=n)
+
+    results: dict = {}
+    for s, prompts in sets.items():
+        ids = [target.encode(p["prompt"]) for p in prompts]
+        for x in ids[: args.warmup]:
+            for cfg in configs:
+                decode(cfg, x)
+        walls = {cfg: [] for cfg in configs}
+        outs: dict = {}
+        for r in range(args.rounds):
+            k = r % len(configs)                       # rotate so no configuration always runs first
+            for cfg in configs[k:] + configs[:k]:
+                res = [decode(cfg, x) for x in ids]
+                walls[cfg].append(sum(x.wall_time_s for x in res))
+                outs[cfg] = res
+        ref = [x.token_ids for x in outs[("ar", 0)]]
+        rows = {}
+        for cfg in configs:
+            res = outs[cfg]
+            tokens = sum(len(x.token_ids) for x in res)
+            tps = [tokens / w for w in walls[cfg]]
+            tally = StepTally().add(st for x in res for st in x.steps)
+            rows[f"{cfg[0]}@{cfg[1]}"] = {
+                "label": cfg[0], "nodes": cfg[1], "tau": tally.tau, "tokens": tokens,
+                "tokens_per_s": statistics.median(tps), "tokens_per_s_min": min(tps), "tokens_per_s_max": max(tps),
+                "draft_ms": tally.draft_ms, "verify_ms": tally.verify_ms,
+                "lossless": sum(x.token_ids == a for x, a in zip(res, ref)), "prompts": len(res),
+                "per_prompt_tau": [x.mean_acceptance_length for x in res]}
+        for key, row in rows.items():               # ratios against the same drafter's chain and against ar
+            chain = rows.get(f"{row['label']}@0")
+            if row["label"] != "ar":
+                row["tau_vs_chain"] = row["tau"] / chain["tau"] if chain["tau"] else None
+                row["speed_vs_chain"] = row["tokens_per_s"] / chain["tokens_per_s"]
+            row["speed_vs_ar"] = row["tokens_per_s"] / rows["ar@0"]["tokens_per_s"]
+        results[s] = rows
+    return results
+
+
+def summary(results: dict) -> dict:
+    """Per set, family (the label before '/') and N: mean ± sd over the family's seeds of τ, tokens/s and the ratios."""
+    out: dict = {}
+    for s, rows in results.items():
+        groups: dict = {}
+        for row in rows.values():
+            if row["label"] == "ar":
+                continue
+            groups.setdefault((row["label"].split("/")[0], row["nodes"]), []).append(row)
+        for (fam, n), rs in sorted(groups.items()):
+            def ms(k):
+                xs = [r[k] for r in rs if r.get(k) is not None]
+                return (statistics.fmean(xs), statistics.stdev(xs) if len(xs) > 1 else 0.0) if xs else (None, None)
+            out.setdefault(s, {})[f"{fam}@{n}"] = {"family": fam, "nodes": n, "seeds": len(rs),
+                                                  **{k: ms(k) for k in ("tau", "tokens_per_s", "tau_vs_chain",
+                                                                        "speed_vs_chain", "speed_vs_ar")},
+                                                  "lossless": sum(r["lossless"] for r in rs),
+                                                  "prompts": sum(r["prompts"] for r in rs)}
+    return out
+
+
+def _pm(v, f="{:.2f}"):
+    m, sd = v
+    if m is None:
+        return "–"
+    return f.format(m) + (f" ± {f.format(sd)}" if sd else "")
+
+
+def table(summ: dict) -> str:
+    lines = ["| set | drafter | N | seeds | τ | τ vs chain | tokens/s | tokens/s vs chain | vs ar | equal to ar |",
+             "|" + "---|" * 10]
+    for s, rows in summ.items():
+        for r in rows.values():
+            lines.append(f"| {s} | {r['family']} | {'chain' if r['nodes'] == 0 else r['nodes']} | {r['seeds']} | "
+                         f"{_pm(r['tau'])} | {_pm(r['tau_vs_chain'])} | {_pm(r['tokens_per_s'], '{:.1f}')} | "
+                         f"{_pm(r['speed_vs_chain'])} | {_pm(r['speed_vs_ar'])} | {r['lossless']}/{r['prompts']} |")
+    return "\n".join(lines)
+
+
+def plot(summ: dict, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, len(summ), figsize=(4.5 * len(summ), 6.4), squeeze=False)
+    for j, (s, rows) in enumerate(summ.items()):
+        fams = sorted({r["family"] for r in rows.values()})
+        for fam in fams:
+            rs = sorted((r for r in rows.values() if r["family"] == fam), key=lambda r: r["nodes"])
+            xs = [max(r["nodes"], 1) for r in rs]              # the chain (N = 0) sits at x = 1 on the log axis
+            for ax, k in ((axes[0][j], "tau"), (axes[1][j], "tokens_per_s")):
+                ax.errorbar(xs, [r[k][0] for r in rs], yerr=[r[k][1] for r in rs], marker="o", capsize=3,
+                            label=fam)
+        for ax, name in ((axes[0][j], "τ"), (axes[1][j], "tokens/s")):
+            ax.set_xscale("log", base=2)
+            ticks = sorted({max(r["nodes"], 1) for r in rows.values()})
+            ax.set_xticks(ticks, ["chain" if t == 1 else str(t) for t in ticks])
+            ax.set_title(f"{s}: {name} vs tree nodes N")
+            ax.set_xlabel("N (chain = the block's chain)")
+            ax.legend()
+    fig.tight_layout()
+    with atomic_path(path, suffix=path.suffix) as tmp:
+        fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    import torch
+
+    started = time.time()
+    results = run(args)
+    summ = summary(results)
+    meta = {"command": "python experiments/tree.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+            "machine": f"{platform.machine()}, {__import__('os').cpu_count()} CPUs, {torch.get_num_threads()} torch "
+                       f"threads, torch {torch.__version__}", "date": time.strftime("%Y-%m-%d %H:%M"),
+            "target": args.target, "drafters": args.drafter, "nodes": sorted(set(args.nodes)),
+            "limit": args.limit, "max_new_tokens": args.max_new_tokens, "rounds": args.rounds,
+            "wall_s": round(time.time() - started, 1)}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    with atomic_path(out / "tree.json") as t:
+        t.write_text(json.dumps({"meta": meta, "summary": summ, "results": results}, indent=1))
+    plot(summ, out / "tree.png")
+    bad = [f"{s}/{k}" for s, rows in results.items() for k, r in rows.items() if r["lossless"] != r["prompts"]]
+    md = table(summ)
+    text = (f"# Chain vs tree verification\n\n`{meta['command']}`\n\n{meta['machine']}; {meta['date']}; "
+            f"{meta['wall_s']} s; {args.limit} prompts per set, {args.max_new_tokens} new tokens, tokens/s = median "
+            f"of {args.rounds} interleaved rounds\n\n{md}\n\n"
+            + (f"**Output differs from `ar` for {bad}.**\n\n" if bad else
+               "Every configuration's output equals plain greedy decoding on every prompt.\n\n")
+            + "![τ and tokens/s against N](tree.png)\n")
+    with atomic_path(out / "tree.md") as t:
+        t.write_text(text)
+    print(md)
+    print(f"wrote {out / 'tree.md'}, {out / 'tree.json'} and {out / 'tree.png'}", file=sys.stderr)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    run_cli(main)
