@@ -50,9 +50,9 @@ def init_source_config(spec: str) -> dict:
 
 
 def drafter_config(overrides, target) -> DrafterConfig:
-    """The DrafterConfig `overrides` (a DrafterOverrides) describe for `target`. With `init_from`, the fields the
-    overrides leave unset come from the source drafter (its taps, width, block size, ...), so a warm start follows
-    whatever drafter it is given instead of the recipe's guesses."""
+    """The DrafterConfig `overrides` (a DrafterOverrides) describe for `target`. With `init_from`, every field but
+    HEAD_FIELDS comes from the source drafter (its layers, taps, width, block size, ...), whatever the recipe says,
+    so a warm start follows the drafter it is given and its weights always fit."""
     from ..target import default_tap_layers
 
     over = {k: v for k, v in dataclasses.asdict(overrides).items()
@@ -60,7 +60,7 @@ def drafter_config(overrides, target) -> DrafterConfig:
     if overrides.init_from:
         src = init_source_config(overrides.init_from)
         names = {f.name for f in dataclasses.fields(DrafterConfig)} - {"target_fingerprint"} - set(HEAD_FIELDS)
-        over = {**{k: v for k, v in src.items() if k in names}, **over}
+        over = {**over, **{k: v for k, v in src.items() if k in names}}
     if "target_layer_ids" not in over:
         over["target_layer_ids"] = default_tap_layers(target.num_layers, overrides.num_taps)
     return DrafterConfig.for_target(target, over.pop("method", "domino"), **over)
