@@ -142,8 +142,7 @@ def run_child(args, policy: str) -> dict:
 
 
 def report(res: dict, args, prof: str) -> str:
-    m = res["policies"][args.omp_policies[0]]["median_ms"]
-    lines = [f"# Engine overhead and draft cost (embedded default, batch 1, greedy)", "",
+    lines = ["# Engine overhead and draft cost (embedded default, batch 1, greedy)", "",
              f"`python experiments/engine_overhead.py {' '.join(res['argv'])}`", "",
              f"Machine: {res['machine']}, {args.threads} torch threads, torch {torch.__version__}, {res['date']}. "
              f"{res['prompts']} prompts ({', '.join(args.sets)}, first {args.limit} each), {args.max_new_tokens} "

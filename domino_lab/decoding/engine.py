@@ -102,63 +102,55 @@ def speculative_generate(target, drafter=None, prompt: str | None = None, prompt
         if tree_nodes:
             rec, new_feats = _tree_step(target, drafter, cache, draft_cache, pending, pending_start, anchor, start,
                                         n, tree_nodes, taps, eos, max_new_tokens - len(tokens), topk)
-            calls += 1
             if n > 0:
                 pending = None                     # the drafter has taken it into its cache
-            if taps is not None:
-                pending = new_feats if pending is None else torch.cat([pending, new_feats])
-                pending_start = start + rec.accepted + 1 - pending.shape[0]
-            steps.append(rec)
-            tokens.extend(rec.committed)
-            start += rec.accepted + 1
-            if on_step is not None:
-                on_step(rec)
-            if any(t in eos for t in rec.committed):
-                stop = "eos"
-            continue
-        t0 = time.perf_counter()
-        draft = None
-        if n > 0:
-            seq = ids + tokens                     # token at every position so far (eagle pairs rows with them)
-            ctx_ids = torch.tensor([seq[pending_start:start]], device=dev) if pending is not None else None
-            draft = drafter.draft(pending[None] if pending is not None else None, pending_start,
-                                  torch.tensor([anchor], device=dev), start, draft_cache, n=n,
-                                  temperature=temperature, top_p=top_p, generator=gen, topk=topk, ctx_ids=ctx_ids)
-            pending = None
-            drafts = draft.tokens[0]
         else:
-            drafts = torch.empty(0, dtype=torch.long, device=dev)
-        t1 = time.perf_counter()
-        verify_ids = torch.cat([torch.tensor([anchor], device=dev), drafts])[None]
-        out = target.forward(verify_ids, cache=cache, taps=taps)
-        calls += 1
-        logits = out.logits[0]
-        if greedy:
-            acc, nxt = (int(x) for x in sampling.greedy_accept(drafts[None], logits[None]))
-        else:
-            p = sampling.warp_probs(logits, temperature, top_p)
-            acc, nxt = sampling.rejection_accept(drafts, draft.q[0] if draft is not None else p[:0], p, gen)
-        t2 = time.perf_counter()
+            t0 = time.perf_counter()
+            draft = None
+            if n > 0:
+                seq = ids + tokens                 # token at every position so far (eagle pairs rows with them)
+                ctx_ids = torch.tensor([seq[pending_start:start]], device=dev) if pending is not None else None
+                draft = drafter.draft(pending[None] if pending is not None else None, pending_start,
+                                      torch.tensor([anchor], device=dev), start, draft_cache, n=n,
+                                      temperature=temperature, top_p=top_p, generator=gen, topk=topk, ctx_ids=ctx_ids)
+                pending = None
+                drafts = draft.tokens[0]
+            else:
+                drafts = torch.empty(0, dtype=torch.long, device=dev)
+            t1 = time.perf_counter()
+            verify_ids = torch.cat([torch.tensor([anchor], device=dev), drafts])[None]
+            out = target.forward(verify_ids, cache=cache, taps=taps)
+            logits = out.logits[0]
+            if greedy:
+                acc, nxt = (int(x) for x in sampling.greedy_accept(drafts[None], logits[None]))
+            else:
+                p = sampling.warp_probs(logits, temperature, top_p)
+                acc, nxt = sampling.rejection_accept(drafts, draft.q[0] if draft is not None else p[:0], p, gen)
+            t2 = time.perf_counter()
 
-        committed, acc, bonus = sampling.commit(drafts[:acc].tolist(), nxt, eos, max_new_tokens - len(tokens))
-        # Target cache: it now holds start + n + 1 positions; keep the anchor and the accepted drafts.
-        cache.crop(-(len(drafts) - acc))
+            committed, acc, bonus = sampling.commit(drafts[:acc].tolist(), nxt, eos, max_new_tokens - len(tokens))
+            # Target cache: it now holds start + n + 1 positions; keep the anchor and the accepted drafts.
+            cache.crop(-(len(drafts) - acc))
+            new_feats = out.features[0, : acc + 1] if taps is not None else None
+            rec = StepRecord(start=start, anchor=anchor, draft_tokens=drafts.tolist(), accepted=acc, bonus=bonus,
+                             committed=committed, draft_time_s=t1 - t0, verify_time_s=t2 - t1)
+            rec.target_topk_ids, rec.target_topk_logits = _topk(logits, topk)
+            if draft is not None:
+                rec.base_topk_ids = draft.base_topk[0][0].tolist()
+                rec.base_topk_logits = draft.base_topk[1][0].float().tolist()
+                rec.final_topk_ids = draft.final_topk[0][0].tolist()
+                rec.final_topk_logits = draft.final_topk[1][0].float().tolist()
+        # chain or tree alike: the anchor's and the accepted drafts' features are the drafter's next new context
+        calls += 1
         if taps is not None:
-            new_feats = out.features[0, : acc + 1]
             pending = new_feats if pending is None else torch.cat([pending, new_feats])
-            pending_start = start + acc + 1 - pending.shape[0]
-        rec = StepRecord(start=start, anchor=anchor, draft_tokens=drafts.tolist(), accepted=acc, bonus=bonus,
-                         committed=committed, draft_time_s=t1 - t0, verify_time_s=t2 - t1)
-        rec.target_topk_ids, rec.target_topk_logits = _topk(logits, topk)
-        if draft is not None:
-            rec.base_topk_ids, rec.base_topk_logits = draft.base_topk[0][0].tolist(), draft.base_topk[1][0].float().tolist()
-            rec.final_topk_ids, rec.final_topk_logits = draft.final_topk[0][0].tolist(), draft.final_topk[1][0].float().tolist()
+            pending_start = start + rec.accepted + 1 - pending.shape[0]
         steps.append(rec)
-        tokens.extend(committed)
-        start += acc + 1
+        tokens.extend(rec.committed)
+        start += rec.accepted + 1
         if on_step is not None:
             on_step(rec)
-        if any(t in eos for t in committed):
+        if any(t in eos for t in rec.committed):
             stop = "eos"
     wall = time.perf_counter() - t_start
     return GenerationResult(prompt_ids=ids, token_ids=tokens, text=target.decode(tokens) if target.tokenizer else "",
