@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import sys
 import time
@@ -150,8 +151,9 @@ def bench_batched(b: Bench, prompts: list[dict], sizes: list[int], ref: dict | N
 
     ids = [b.target.encode(p["prompt"]) for p in prompts]
     # our decoders that batch (the head's cost shows at batch 1, so its variants are left out here; tree
-    # verification decodes one sequence at a time)
-    methods = [m for m in b.methods if (m == "ar" or (m in b.drafters and b.drafters[m].supports_batched))
+    # verification decodes one sequence at a time; the draft cutoff is a batch-1 chain option)
+    methods = [m for m in b.methods if (m == "ar" or (m in b.drafters and b.drafters[m].supports_batched
+                                                       and not b.drafters[m].options.draft_cutoff))
                and m not in HEAD_VARIANTS and m not in TREE_METHODS]
     batched_generate(b.target, None, ids[:2], 4)                       # warm-up
     out: dict = {}
@@ -247,9 +249,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--domino", default="default", help="drafter for `domino` (checkpoint dir or shipped name)")
     p.add_argument("--dflash", default="default-dflash", help="drafter for `dflash`")
     p.add_argument("--assistant", default="default-assistant", help="assistant model for `hf-assisted`")
-    p.add_argument("--drafter", action="append", default=[], metavar="LABEL=SPEC",
+    p.add_argument("--drafter", action="append", default=[], metavar="LABEL=SPEC[@key=value,...]",
                    help="also bench this drafter as method LABEL (repeat): a checkpoint dir or shipped name of any "
-                        "registered method, or untrained:METHOD")
+                        "registered method, or untrained:METHOD; after @, inference options of this label only, "
+                        "e.g. domino-cut=default@draft_cutoff=0.2")
     from .models.options import add_inference_args
     add_inference_args(p)
     p.add_argument("--tree-nodes", type=int, default=DEFAULT_TREE_NODES, metavar="N",
@@ -259,7 +262,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--warmup", type=int, default=2, help="prompts decoded by every method before timing")
     p.add_argument("--dtype", default="float32")
-    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch intra-op threads (default: 1 for a small target on a CPU, else all cores; "
+                        "docs/design.md#threads-for-small-targets)")
     p.add_argument("--out", default=None, help="folder for bench.json, bench.md and the plots (default: the "
                                                 "repository's runs/bench)")
     p.add_argument("--mlflow", action="store_true", help="also log bench/{set}/{method}/... to MLflow")
@@ -268,6 +273,25 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also measure batched decoding (ar and our drafters) at these batch sizes, e.g. 1 2 4 8 16")
     p.add_argument("--quick", action="store_true", help="2 prompts per set, 16 new tokens, 1 warm-up (tests)")
     return p
+
+
+def with_options(options, text: str, item: str):
+    """`options` with the `key=value,...` of a --drafter item applied (e.g. `draft_cutoff=0.2,full_vocab=true`)."""
+    from dataclasses import fields, replace
+
+    import yaml
+
+    names = [f.name for f in fields(options)]
+    kw = {}
+    for pair in filter(None, text.split(",")):
+        k, sep, v = pair.partition("=")
+        if not sep or k.strip() not in names:
+            raise UserError(f"--drafter {item!r}: '{pair}' must be key=value with key one of {names}")
+        kw[k.strip()] = yaml.safe_load(v)
+    try:
+        return replace(options, **kw)
+    except TypeError as e:                       # e.g. draft_cutoff=abc: a string where a number belongs
+        raise UserError(f"--drafter {item!r}: a value has the wrong type ({e})") from None
 
 
 def load_assistant(spec: str, target, dtype):
@@ -306,12 +330,10 @@ def main(argv: list[str] | None = None) -> int:
     sets = {Path(s).stem if s.endswith(".jsonl") else s: load_eval_set(s, limit=args.limit) for s in args.sets}
     import torch
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
     from dataclasses import asdict, replace
 
     from .models import InferenceOptions, load_drafter
-    from .target import Target
+    from .target import Target, decode_threads
 
     options = InferenceOptions.from_args(args)
     # drafter slot -> (spec, options): the two named slots, the head variants of `domino`, then --drafter LABEL=SPEC
@@ -325,10 +347,13 @@ def main(argv: list[str] | None = None) -> int:
     for item in args.drafter:
         label, sep, spec = item.partition("=")
         if not sep or not label or not spec or label in METHODS or label in extra:
-            raise UserError(f"--drafter {item!r} must be LABEL=SPEC with a new label (not one of {list(METHODS)})")
-        specs[label] = (spec, options)
+            raise UserError(f"--drafter {item!r} must be LABEL=SPEC[@key=value,...] with a new label (not one of "
+                            f"{list(METHODS)})")
+        spec, _, opts = spec.partition("@")
+        specs[label] = (spec, with_options(options, opts, item))
         extra.append(label)
     target = Target.from_pretrained(args.target, dtype=args.dtype)
+    torch.set_num_threads(decode_threads(target, args.threads))
     drafters = {m: load_drafter(spec, target, options=o) for m, (spec, o) in specs.items()}
     assistant = load_assistant(args.assistant, target, args.dtype) if "hf-assisted" in args.methods else None
     methods = [m for m in METHODS if m in args.methods] + extra
@@ -339,9 +364,10 @@ def main(argv: list[str] | None = None) -> int:
     results = {s: bench_set(b, prompts, args.warmup) for s, prompts in sets.items()}
     batched = {s: bench_batched(b, prompts, args.batch_sizes) for s, prompts in sets.items()} if args.batch_sizes else {}
     meta = {"command": "python -m domino_lab.bench " + " ".join(argv if argv is not None else sys.argv[1:]),
-            "machine": f"{platform.machine()}, {__import__('os').cpu_count()} CPUs, {torch.get_num_threads()} torch "
+            "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, {torch.get_num_threads()} torch "
                        f"threads, torch {torch.__version__}", "date": time.strftime("%Y-%m-%d %H:%M"),
             "target": args.target, "drafters": {m: spec for m, (spec, _) in specs.items()},
+            "options": {m: asdict(o) for m, (_, o) in specs.items()},
             "domino_head": asdict(drafters["domino"].options) if "domino" in drafters else None,
             "max_new_tokens": args.max_new_tokens, "wall_s": round(time.time() - started, 1),
             "tree_nodes": args.tree_nodes if set(TREE_METHODS) & set(methods) else None}

@@ -39,6 +39,15 @@ def greedy_accept(drafts: torch.Tensor, target_logits: torch.Tensor) -> tuple[to
     return acc, best.gather(1, acc[:, None]).squeeze(1)
 
 
+def confident_prefix(top_logits: torch.Tensor, cutoff: float) -> int:
+    """How many drafts to verify: the longest prefix whose estimated probability of being accepted whole, the
+    product of each draft's probability, stays >= cutoff (at least one draft). top_logits [n, k]: the drafter's
+    final top-k logits per draft, best first; a draft's probability is its softmax over those k, an over-estimate
+    of the full softmax, so the estimate errs toward verifying more (docs/design.md#draft-length-cutoff)."""
+    p = torch.softmax(top_logits.float(), dim=-1)[:, 0]
+    return max(1, int((p.cumprod(0) >= cutoff).sum()))
+
+
 def commit(accepted: list[int], bonus: int | None, eos: set[int] | frozenset[int], room: int
            ) -> tuple[list[int], int, int | None]:
     """The tokens a verify step adds to the output: the accepted drafts plus the bonus, cut after the first EOS

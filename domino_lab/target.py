@@ -42,6 +42,24 @@ def default_tap_layers(num_layers: int, k: int = 5) -> list[int]:
     return sorted({round(lo + i * (hi - lo) / (k - 1)) for i in range(k)})
 
 
+# Below this many parameters a CPU decode is dispatch-bound: a forward's ops are too small to split across cores,
+# and on the 2-core machine a second intra-op thread makes multi-token forwards (verification, drafting) ~1.4x
+# slower while a one-token step is unchanged (docs/design.md#threads-for-small-targets).
+SMALL_TARGET_PARAMS = 50_000_000
+_DEFAULT_THREADS = torch.get_num_threads()     # torch's own choice (OMP_NUM_THREADS or the cores), before any change
+
+
+def decode_threads(target: "Target", requested: int | None = None) -> int:
+    """Intra-op threads for decoding with `target`: `requested` if given, else 1 for a small target on a CPU, else
+    torch's default (all cores). Call before decoding: `torch.set_num_threads(decode_threads(target, args.threads))`."""
+    if requested is not None:
+        if requested < 1:
+            raise UserError(f"--threads must be at least 1, got {requested}")
+        return requested
+    small = sum(p.numel() for p in target.model.parameters()) < SMALL_TARGET_PARAMS
+    return 1 if small and target.device.type == "cpu" else _DEFAULT_THREADS
+
+
 @dataclass
 class TargetOutput:
     logits: torch.Tensor          # [b, t, V] (with `logits_rows`: [b, len(logits_rows), V])

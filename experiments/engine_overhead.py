@@ -168,7 +168,7 @@ def main(argv=None) -> int:
     p.add_argument("--sets", nargs="+", default=["math", "humaneval"])
     p.add_argument("--limit", type=int, default=8)
     p.add_argument("--max-new-tokens", type=int, default=96)
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--threads", type=int, default=1, help="torch threads (1: what decoding the embedded default uses)")
     p.add_argument("--drafters", nargs="+", default=["dflash", "domino"], choices=list(DRAFTERS))
     p.add_argument("--omp-policies", nargs="+", default=["default"], choices=["default", "PASSIVE", "ACTIVE"])
     p.add_argument("--rounds", type=int, default=1, help="alternating rounds over the policies")

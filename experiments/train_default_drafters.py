@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
-import shutil
 import subprocess
 import sys
 import time
@@ -136,6 +136,45 @@ def plot_convergence(curves: dict, out_png: Path) -> None:
     plt.close(fig)
 
 
+def ship(args, argv) -> None:
+    """Copy seed 0's best drafters into domino_lab/assets, each drafting over the FR-Spec list of its training
+    data's --frspec-k most frequent response tokens (the weights are unchanged: `--full-vocab` drafts over all)."""
+    from domino_lab import Target
+    from domino_lab.config import load_config
+    from domino_lab.models import load_drafter
+    from domino_lab.models.frspec import frequent_tokens, restrict
+    from domino_lab.training.config import TrainConfig
+    from domino_lab.training.datamodule import DrafterDataModule
+
+    target = Target.from_pretrained("default", dtype="float32")
+    command = "python experiments/train_default_drafters.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    for method, (asset, name) in SHIP.items():
+        src = run_dir(Path(args.runs_dir), method, args.seeds[0])
+        if method not in args.recipes or not (src / "best").is_dir():
+            continue
+        res = json.loads((src / "result.json").read_text())
+        cfg = load_config(TrainConfig, str(CONFIGS / f"{method}.yaml"), [f"seed={args.seeds[0]}"])
+        d = load_drafter(str(src / "best"), target)
+        note = ""
+        if args.frspec_k:
+            dm = DrafterDataModule(cfg.data, seed=cfg.seed)
+            dm.setup("fit")           # the list comes from the training split, as in training with frspec_k
+            d = restrict(d, frequent_tokens(dm.train_rows, args.frspec_k, d.config.vocab_size))
+            note = (f" It drafts over FR-Spec's {args.frspec_k} most frequent response tokens of the training "
+                    f"split of `{os.path.relpath(cfg.data.path, ROOT)}` "
+                    "(verification always scores the whole vocabulary; `--full-vocab` drafts over all of it).")
+        dst = ROOT / "domino_lab" / "assets" / asset
+        d.save_pretrained(dst)
+        (dst / "README.md").write_text(
+            f"# `{name}` drafter ({method})\n\n"
+            f"Trained on the embedded default target by `python experiments/train_default_drafters.py` with recipe "
+            f"`experiments/configs/{method}.yaml`, seed {args.seeds[0]}, {res['steps']} steps; shipped by "
+            f"`{command}` "
+            f"at the best validation τ ({res['best_tau']:.3f} on the recipe's validation prompts).{note} Results "
+            f"over seeds and eval sets: `experiments/results/drafters*.md`.\n")
+        print(f"[ship] {src / 'best'} -> {dst}", file=sys.stderr)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--recipes", nargs="+", default=["domino", "dflash", "domino_no_curriculum"])
@@ -143,6 +182,9 @@ def main(argv=None) -> int:
     p.add_argument("--parallel", type=int, default=2, help="training processes at once (2 cores: 2 x 1 thread)")
     p.add_argument("--runs-dir", default="runs/default-drafters")
     p.add_argument("--ship", action="store_true", help="copy seed 0's domino/dflash/eagle to domino_lab/assets")
+    p.add_argument("--frspec-k", type=int, default=1024,
+                   help="shipped drafters draft over this many most frequent response tokens (0 = all)")
+    p.add_argument("--ship-only", action="store_true", help="ship finished runs; no training, no summary")
     p.add_argument("overrides", nargs="*", help="key=value applied to every recipe (e.g. max_steps=600)")
     args = p.parse_args(argv)
     for r in args.recipes:
@@ -151,6 +193,9 @@ def main(argv=None) -> int:
     if args.parallel < 1:
         raise UserError("--parallel must be at least 1")
     runs = Path(args.runs_dir)
+    if args.ship_only:
+        ship(args, argv)
+        return 0
     started = time.time()
     walls = train_all(args.recipes, args.seeds, runs, args.parallel, args.overrides)
 
@@ -176,28 +221,16 @@ def main(argv=None) -> int:
     convergence = convergence_curves(runs, sorted(done), args.seeds[0])
     plot_convergence(convergence, RESULTS / "drafters_convergence.png")
     if args.ship:
-        for method, (asset, name) in SHIP.items():
-            src = run_dir(runs, method, args.seeds[0]) / "best"
-            if method in args.recipes and src.is_dir():
-                dst = ROOT / "domino_lab" / "assets" / asset
-                shutil.rmtree(dst, ignore_errors=True)
-                shutil.copytree(src, dst)
-                res = json.loads((run_dir(runs, method, args.seeds[0]) / "result.json").read_text())
-                (dst / "README.md").write_text(
-                    f"# `{name}` drafter ({method})\n\n"
-                    f"Trained on the embedded default target by `python experiments/train_default_drafters.py "
-                    f"{' '.join(argv if argv is not None else sys.argv[1:])}` with recipe "
-                    f"`experiments/configs/{method}.yaml`, seed {args.seeds[0]}, {res['steps']} steps; exported "
-                    f"at the best validation τ ({res['best_tau']:.3f} on the recipe's validation prompts). Results over "
-                    f"seeds and eval sets: `experiments/results/drafters*.md`.\n")
-                print(f"[ship] {src} -> {dst}", file=sys.stderr)
+        ship(args, argv)
     final_base = {r: round(sum(c["loss_base"][-50:]) / len(c["loss_base"][-50:]), 4) for r, c in curves.items()}
     summary = {"command": "python experiments/train_default_drafters.py " + " ".join(argv or sys.argv[1:]),
-               "machine": f"{platform.machine()}, {__import__('os').cpu_count()} CPUs, {args.parallel} runs at once",
+               "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, {args.parallel} runs at once",
                "date": time.strftime("%Y-%m-%d %H:%M"), "wall_min_total": round((time.time() - started) / 60, 1),
                "runs": rows, "final_base_loss_last50_mean_over_seeds": final_base, "convergence": convergence}
     (RESULTS / "drafters_training.json").write_text(json.dumps(summary, indent=1))
-    lines = [f"`{summary['command']}` ({summary['machine']}, {summary['date']}, {summary['wall_min_total']} min)", "",
+    lines = [f"`{summary['command']}` ({summary['machine']}, {summary['date']}; this invocation "
+             f"{summary['wall_min_total']} min, runs finished by earlier invocations are reused and listed with their "
+             "own wall time)", "",
              "| recipe | seed | steps | best val τ | wall min |", "|---|---|---|---|---|"]
     lines += [f"| {x['recipe']} | {x['seed']} | {x['steps']} | {x['best_val_tau']:.3f} | {x['wall_min'] or '–'} |"
               for x in rows]

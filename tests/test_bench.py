@@ -45,11 +45,14 @@ def test_quick_bench_writes_table_json_and_checks_losslessness(dirs, tmp_path, c
     argv = ["--target", tdir, "--dtype", "float64", "--sets", prompts, "--quick", "--out", str(out),
             "--domino", str(root / "domino"), "--dflash", str(root / "dflash"), "--assistant", adir,
             "--batch-sizes", "1", "2", "--candidate-pool", "0", "--mlflow", "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}",
-            "--drafter", "chain=untrained:eagle"]      # any registered method, under its own label
+            "--drafter", "chain=untrained:eagle",      # any registered method, under its own label
+            "--drafter", f"cut={root / 'domino'}@draft_cutoff=0.4"]     # with options of its own
     assert main(argv) == 0
     res = json.loads((out / "bench.json").read_text())["results"]["prompts"]
-    methods = {"ar", "hf", "hf-prompt-lookup", "hf-assisted", "dflash", "domino-eager", "domino", "chain"}
+    methods = {"ar", "hf", "hf-prompt-lookup", "hf-assisted", "dflash", "domino-eager", "domino", "chain", "cut"}
     assert methods <= set(res)
+    meta = json.loads((out / "bench.json").read_text())["meta"]
+    assert meta["options"]["cut"]["draft_cutoff"] == 0.4 and meta["options"]["domino"]["draft_cutoff"] == 0
     for m in methods - {"ar"}:
         assert res[m]["lossless"]["equal"] == res[m]["lossless"]["total"] == 2, m
         assert res[m]["tokens_per_s"] > 0 and res[m]["speedup_vs_ar"] > 0
@@ -78,6 +81,8 @@ def test_bench_bad_input_is_one_clear_line(dirs, tmp_path, capsys):
                         str(tmp_path / "missing")], "assistant"),
                       (["--max-new-tokens", "0"], "--max-new-tokens"),
                       (["--sets", prompts, "--target", tdir, "--drafter", "domino=untrained:eagle"], "LABEL=SPEC"),
+                      (["--sets", prompts, "--target", tdir, "--methods", "ar", "--drafter", "x=untrained:domino@cut=1"],
+                       "key one of"),
                       (["--sets", prompts, "--target", tdir, "--methods", "ar", "--drafter", "x=untrained:nope"],
                        "unknown drafter method")):
         with pytest.raises(SystemExit) as e:

@@ -68,3 +68,25 @@ def test_shipped_assistant_shares_the_target_vocabulary(target):
     plain = target.model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=12,
                                   pad_token_id=0)
     assert out.tolist() == plain.tolist()
+
+
+def test_decode_threads_small_target_uses_one_thread(target):
+    """A small CPU target decodes on one intra-op thread unless asked otherwise (docs/design.md#threads-...)."""
+    import torch
+
+    from domino_lab.errors import UserError
+    from domino_lab.target import SMALL_TARGET_PARAMS, decode_threads
+
+    assert sum(p.numel() for p in target.model.parameters()) < SMALL_TARGET_PARAMS
+    assert decode_threads(target) == 1
+    assert decode_threads(target, 3) == 3
+    with pytest.raises(UserError, match="--threads"):
+        decode_threads(target, 0)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        from domino_lab.generate import main
+        assert main(["--prompt", "def add(a, b):", "--max-new-tokens", "4", "--drafter", "none"]) == 0
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)

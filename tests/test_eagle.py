@@ -135,6 +135,10 @@ def test_frequent_tokens_and_id_mapping(target, seqs, tmp_path):
     rows = [{"input_ids": [5, 5, 7, 9, 9, 9], "loss_mask": [0, 1, 1, 1, 1, 1]}]
     assert frequent_tokens(rows, 2, 16) == [5, 9]               # supervised counts: 9 x3, 5 x1, 7 x1 (tie: smaller id)
     assert frequent_tokens(rows, 5, 16) == [0, 1, 5, 7, 9]      # too few distinct tokens: smallest unseen ids fill
+    prompts = [{"input_ids": [12, 12, 3, 9, 9], "loss_mask": [0, 0, 0, 1, 1]}, {"input_ids": [3, 12, 7], "loss_mask": [0, 0, 1]}]
+    # supervised first (9, 7), then the prompts' most frequent (12 x3 before 3 x2), then the smallest unseen id
+    assert frequent_tokens(prompts, 3, 16) == [7, 9, 12]
+    assert frequent_tokens(prompts, 5, 16) == [0, 3, 7, 9, 12]
     ids = [3, 10, 20, 33, 41, 50, 60]
     d = Drafter.untrained(target, "domino", block_size=4, frspec_k=len(ids)).set_frspec(list(reversed(ids)))
     assert d.draft_vocab.tolist() == ids                          # stored sorted
@@ -234,3 +238,30 @@ def test_frspec_restrict_after_training(target, plain, seqs, trained_eagle, meth
         a = speculative_generate(target, d, prompt_ids=p, max_new_tokens=NEW)
         b = speculative_generate(target, full, prompt_ids=p, max_new_tokens=NEW)
         assert [s.draft_tokens for s in a.steps] == [s.draft_tokens for s in b.steps]
+
+
+def test_full_vocab_option_and_warm_start_from_a_restricted_drafter(target, seqs, tmp_path):
+    """A drafter that carries an FR-Spec list (as the shipped ones do) drafts over the whole vocabulary under
+    the `full_vocab` inference option, and is a valid warm-start source: the list is not a weight."""
+    import argparse
+
+    from domino_lab.models.frspec import restrict
+    from domino_lab.models.options import InferenceOptions, add_inference_args
+    from domino_lab.training.module import warm_start
+
+    p = argparse.ArgumentParser()
+    add_inference_args(p)
+    assert InferenceOptions.from_args(p.parse_args(["--full-vocab"])).full_vocab
+    assert not InferenceOptions.from_args(p.parse_args([])).full_vocab
+    d = Drafter.untrained(target, "domino", seed=4, block_size=8)
+    ids = list(range(4, 24))
+    r = restrict(d, ids)
+    full = restrict(d, ids).set_options(InferenceOptions(full_vocab=True))
+    assert r.draft_vocab.tolist() == ids and full.draft_vocab is None
+    for p_ in PROMPTS[:3]:
+        a = speculative_generate(target, full, prompt_ids=p_, max_new_tokens=NEW)
+        b = speculative_generate(target, d, prompt_ids=p_, max_new_tokens=NEW)
+        assert [s.draft_tokens for s in a.steps] == [s.draft_tokens for s in b.steps]
+    fresh = Drafter.untrained(target, "domino", seed=9, block_size=8)
+    warm_start(fresh, r)                  # frspec_k 0 here, 20 in the source: the list is skipped
+    assert all(torch.equal(v, d.state_dict()[k]) for k, v in fresh.state_dict().items())

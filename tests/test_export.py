@@ -113,7 +113,10 @@ def test_shipped_drafters_round_trip(tmp_path, default_target, default_prompts, 
     back = Drafter.from_pretrained(out, default_target)
     assert back.config.method == original.config.method
     assert back.config.target_layer_ids == original.config.target_layer_ids
-    a, b = original.state_dict(), back.state_dict()
+    # the shipped drafters carry an FR-Spec list; the export is the same weights over the whole vocabulary
+    assert original.config.frspec_k and not back.config.frspec_k
+    a = {k: v for k, v in original.state_dict().items() if k != "frspec_ids"}
+    b = back.state_dict()
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert _decode(default_target, back, default_prompts) == _decode(default_target, original, default_prompts)
 
@@ -244,9 +247,6 @@ def test_what_a_layout_cannot_hold_is_refused(tmp_path, ftarget, default_target)
         export_drafter(Drafter.from_pretrained("default-dflash", default_target), "dflash", tmp_path / "c")
     with pytest.raises(UserError, match="'eagle' drafter"):
         export_drafter(Drafter.untrained(ftarget, "eagle"), "domino", tmp_path / "d")
-    fr = Drafter.untrained(ftarget, "domino", frspec_k=8)
-    with pytest.raises(UserError, match="FR-Spec"):
-        release_state_dict(fr, "domino")
     with pytest.raises(UserError, match="anchor_feature"):
         release_state_dict(Drafter.untrained(ftarget, "domino", anchor_feature=True), "domino")
     (tmp_path / "busy").mkdir()

@@ -115,6 +115,8 @@ def speculative_generate(target, drafter=None, prompt: str | None = None, prompt
                                       temperature=temperature, top_p=top_p, generator=gen, topk=topk, ctx_ids=ctx_ids)
                 pending = None
                 drafts = draft.tokens[0]
+                if drafter.options.draft_cutoff > 0:      # verify only the drafts likely to be accepted
+                    drafts = drafts[: sampling.confident_prefix(draft.final_topk[1][0], drafter.options.draft_cutoff)]
             else:
                 drafts = torch.empty(0, dtype=torch.long, device=dev)
             t1 = time.perf_counter()
@@ -125,7 +127,8 @@ def speculative_generate(target, drafter=None, prompt: str | None = None, prompt
                 acc, nxt = (int(x) for x in sampling.greedy_accept(drafts[None], logits[None]))
             else:
                 p = sampling.warp_probs(logits, temperature, top_p)
-                acc, nxt = sampling.rejection_accept(drafts, draft.q[0] if draft is not None else p[:0], p, gen)
+                acc, nxt = sampling.rejection_accept(drafts, draft.q[0, : len(drafts)] if draft is not None else p[:0],
+                                                     p, gen)
             t2 = time.perf_counter()
 
             committed, acc, bonus = sampling.commit(drafts[:acc].tolist(), nxt, eos, max_new_tokens - len(tokens))

@@ -34,7 +34,9 @@ def build_parser() -> argparse.ArgumentParser:
                                       "runs/experiments-quick)")
     r.add_argument("--tracking-uri", help="MLflow tracking URI for the training runs (default "
                                           "sqlite:///<runs folder>/mlflow.db)")
-    r.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
+    r.add_argument("--threads", type=int, default=None,
+                   help="torch threads (default: all cores for training; 1 for decoding with a small CPU target, "
+                        "docs/design.md#threads-for-small-targets)")
     r.add_argument("--no-progress", action="store_true")
     rep = sub.add_parser("report", help="re-render NAME.md from NAME.json (after editing the spec's reading)")
     rep.add_argument("name")
@@ -89,7 +91,7 @@ def run(args) -> dict:
     t0 = time.time()
     before = {p.parent.name for p in runs_dir.glob("*/result.json")}
     trained = train_runs(resolved, runs_dir, quick)
-    results = measure(spec, trained, quick, progress=not args.no_progress)
+    results = measure(spec, trained, quick, progress=not args.no_progress, threads=args.threads)
     extras: dict = {}
     if "head_overhead" in spec.extras:
         extras["head_overhead"] = head_overheads(spec, trained)

@@ -42,7 +42,8 @@ def _s_per_token(r: dict) -> float:
     return sum(p["wall_s"] for p in r["per_prompt"]) / max(1, sum(p["tokens"] for p in r["per_prompt"]))
 
 
-def measure(spec: ExperimentSpec, trained: dict, quick: bool, progress: bool = True) -> dict:
+def measure(spec: ExperimentSpec, trained: dict, quick: bool, progress: bool = True,
+            threads: int | None = None) -> dict:
     """results[set][str(T)][variant][str(seed)] = evaluate() result + speedup, tok_s, lossless."""
     from ..data.eval_sets import load_eval_set
     from ..evaluate import evaluate
@@ -53,6 +54,11 @@ def measure(spec: ExperimentSpec, trained: dict, quick: bool, progress: bool = T
         from ..errors import UserError
         raise UserError(f"an experiment compares drafters of one target; its runs use {sorted(targets)}")
     target = Target.from_pretrained(targets.pop() if targets else "default")
+    import torch
+
+    from ..target import decode_threads
+
+    torch.set_num_threads(decode_threads(target, threads))
     limit = QUICK_EVAL["limit"] if quick else spec.limit
     max_new = QUICK_EVAL["max_new_tokens"] if quick else spec.max_new_tokens
     cache: dict = {}

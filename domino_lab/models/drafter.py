@@ -164,8 +164,9 @@ class Drafter(nn.Module, metaclass=ABCMeta):
     # ---- FR-Spec (draft vocabulary restricted to frequent tokens) ---------------------------------------
     @property
     def draft_vocab(self) -> torch.Tensor | None:
-        """Sorted vocabulary ids the drafter may propose (FR-Spec), or None = the whole vocabulary."""
-        return self.frspec_ids if self.config.frspec_k else None
+        """Sorted vocabulary ids the drafter may propose (FR-Spec), or None = the whole vocabulary (no list, or
+        the `full_vocab` inference option)."""
+        return self.frspec_ids if self.config.frspec_k and not self.options.full_vocab else None
 
     def set_frspec(self, ids) -> "Drafter":
         """Install the FR-Spec token list (e.g. `frspec.frequent_tokens(rows, k)`); its length must be frspec_k."""

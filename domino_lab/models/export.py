@@ -126,9 +126,6 @@ def check_exportable(cfg: DrafterConfig, fmt: str) -> None:
     if cfg.anchor_feature:
         raise UserError("this drafter adds the state before the anchor to its block inputs (anchor_feature=true); "
                         "the release layouts have no such projection. Export a drafter trained without it")
-    if cfg.frspec_k:
-        raise UserError(f"this drafter drafts over an FR-Spec subset of {cfg.frspec_k} tokens; the release layouts "
-                        "score the whole vocabulary. Export a drafter trained with frspec_k=0")
     if fmt == "domino" and cfg.method != "domino":
         raise UserError("--format domino holds a Domino head and this is a dflash drafter; "
                         "use --format dflash (shift_label=False drafters) or --format speculators")
@@ -209,6 +206,10 @@ def release_state_dict(drafter, fmt: str, dtype: torch.dtype | None = None) -> d
     head_prefix = "logits_correction." if fmt == "speculators" else ""
     out = {}
     for k, v in drafter.state_dict().items():
+        if k == "frspec_ids":
+            # FR-Spec only restricts drafting; the weights score the whole vocabulary, as the layouts do, so the
+            # export is the drafter over its full vocabulary (the token list is not part of any layout)
+            continue
         if k.startswith("backbone."):
             name = k[len("backbone."):]
         elif k in HEAD_TO_RELEASE:

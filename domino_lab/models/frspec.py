@@ -17,14 +17,20 @@ from ..errors import UserError
 
 def frequent_tokens(rows: Iterable[dict], k: int, vocab_size: int) -> list[int]:
     """rows: dicts with `input_ids` and `loss_mask` (a regenerated dataset, DrafterDataModule rows). Returns k
-    sorted ids: the most frequent supervised tokens (ties: the smaller id); when fewer than k distinct tokens
-    occur, the rest is filled with the smallest unseen ids so the list always has k entries."""
+    sorted ids: the most frequent supervised tokens first (ties: the smaller id); when fewer than k distinct
+    tokens are supervised (a small target's responses use few: ~900 of 8,192 on the embedded default), the rest
+    are the most frequent prompt tokens, which responses copy (names, literals), then the smallest unseen ids,
+    so the list always has k entries."""
     if not 0 < k <= vocab_size:
         raise UserError(f"FR-Spec size k must be in [1, vocab_size={vocab_size}], got {k}")
-    counts: Counter = Counter()
+    supervised: Counter = Counter()
+    prompt: Counter = Counter()
     for r in rows:
-        counts.update(t for t, m in zip(r["input_ids"], r["loss_mask"]) if m)
-    ranked = sorted(counts, key=lambda t: (-counts[t], t))[:k]
+        for t, m in zip(r["input_ids"], r["loss_mask"]):
+            (supervised if m else prompt)[t] += 1
+    ranked = sorted(supervised, key=lambda t: (-supervised[t], t))[:k]
+    seen = set(ranked)
+    ranked += sorted((t for t in prompt if t not in seen), key=lambda t: (-prompt[t], t))[: k - len(ranked)]
     if len(ranked) < k:
         seen = set(ranked)
         ranked += [t for t in range(vocab_size) if t not in seen][: k - len(ranked)]

@@ -22,19 +22,29 @@ class InferenceOptions:
     candidate_pool: int = 64
     # At most this many slots per block (the drafter's architecture sets the maximum); None = all of them.
     block_size: int | None = None
+    # Draft over the whole vocabulary even when the drafter carries an FR-Spec token list (the shipped drafters
+    # do: docs/design.md#fr-spec-for-the-shipped-drafters); for comparisons: the list only makes drafting cheaper.
+    full_vocab: bool = False
+    # Verify only the drafts whose estimated prefix-acceptance probability is >= this (sampling.confident_prefix);
+    # 0 = every draft. Each verified token costs target compute whether or not it is accepted, which on a CPU is
+    # what decides low-acceptance prompts (docs/design.md#draft-length-cutoff).
+    draft_cutoff: float = 0.0
 
     def __post_init__(self):
         if self.head_impl not in HEAD_IMPLS:
             raise UserError(f"unknown head implementation '{self.head_impl}'; use one of {list(HEAD_IMPLS)}")
         if self.candidate_pool < 0:
             raise UserError(f"candidate pool must be >= 0 (0 = full vocabulary), got {self.candidate_pool}")
+        if not 0.0 <= self.draft_cutoff < 1.0:
+            raise UserError(f"draft cutoff must be in [0, 1) (0 = verify every draft), got {self.draft_cutoff}")
         if self.block_size is not None and self.block_size < 1:
             raise UserError(f"block size must be >= 1, got {self.block_size}")
 
     @classmethod
     def from_args(cls, args) -> "InferenceOptions":
         """From the flags `add_inference_args` defines (absent flags keep the defaults)."""
-        kw = {k: getattr(args, k, None) for k in ("head_impl", "candidate_pool", "block_size")}
+        kw = {k: getattr(args, k, None) for k in ("head_impl", "candidate_pool", "block_size", "full_vocab",
+                                               "draft_cutoff")}
         return cls(**{k: v for k, v in kw.items() if v is not None})
 
 
@@ -46,6 +56,11 @@ def add_inference_args(p, block_size: bool = False) -> None:
     p.add_argument("--candidate-pool", type=int, default=None,
                    help="score the head's correction on the top-K candidates only (0 = full vocabulary, exact; "
                         "default 64)")
+    p.add_argument("--full-vocab", action="store_true", default=None,
+                   help="draft over the whole vocabulary, ignoring the drafter's FR-Spec token list if it has one")
+    p.add_argument("--draft-cutoff", type=float, default=None,
+                   help="verify only the drafts whose estimated probability of being accepted as a prefix is at "
+                        "least this (0 = all; chain verification)")
     if block_size:
         p.add_argument("--block-size", type=int, default=None,
                        help="use at most this many slots of each block (default: all the drafter has)")

@@ -139,6 +139,8 @@ def warm_start(drafter, src, head: bool = True, name: str = "init_from") -> None
     for k, v in have.items():
         if k in src_head and (not head or k not in want):
             continue                      # the source's head is not wanted, or this drafter has none
+        if k == "frspec_ids" and (k not in want or want[k].shape != v.shape):
+            continue                      # an FR-Spec list of another size is not a weight (train.py makes one)
         if k not in want or want[k].shape != v.shape:
             got = "is missing" if k not in want else f"is {list(want[k].shape)}, the source's {list(v.shape)}"
             raise UserError(f"drafter.init_from {name}: its weights do not fit this drafter ({k} {got}); warm-start "
