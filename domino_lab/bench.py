@@ -271,6 +271,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tracking-uri", default=None)
     p.add_argument("--batch-sizes", nargs="*", type=int, default=[],
                    help="also measure batched decoding (ar and our drafters) at these batch sizes, e.g. 1 2 4 8 16")
+    p.add_argument("--project", default=None, metavar="REGIME_JSON",
+                   help="also project each drafter's measured τ onto the target shapes of a regime map "
+                        "(experiments/results/regime_map.json): bound = τ · t_step / (t_draft + t_verify) with that "
+                        "shape's measured block-8 costs, labelled a projection")
     p.add_argument("--quick", action="store_true", help="2 prompts per set, 16 new tokens, 1 warm-up (tests)")
     return p
 
@@ -292,6 +296,47 @@ def with_options(options, text: str, item: str):
         return replace(options, **kw)
     except TypeError as e:                       # e.g. draft_cutoff=abc: a string where a number belongs
         raise UserError(f"--drafter {item!r}: a value has the wrong type ({e})") from None
+
+
+PROJECT_KEYS = ("step_ms", "draft_8_ms", "verify_8_ms")
+
+
+def load_regime(path: str) -> dict:
+    """{shape: costs} from a regime map JSON (experiments/regime_map.py), checked before anything is decoded."""
+    try:
+        shapes = json.loads(Path(path).read_text())["results"]
+        if not shapes or any(not all(isinstance(c.get(k), (int, float)) for k in PROJECT_KEYS)
+                             for c in shapes.values()):
+            raise KeyError
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        raise UserError(f"--project {path}: not a regime map (a JSON with results: {{shape: {{"
+                        f"{', '.join(PROJECT_KEYS)}}}}}); write one with experiments/regime_map.py") from None
+    return shapes
+
+
+def projection(results: dict, shapes: dict, methods: list[str]) -> dict:
+    """{set: {method: {shape: bound}}} for `methods` (block drafters verified as chains, whose costs the regime map
+    measures): the measured τ times a shape's step over its draft + verify (block 8). A projection, not a
+    measurement: a drafter for that target would have its own τ and draft cost."""
+    out: dict = {}
+    for s, res in results.items():
+        for m, r in res.items():
+            if m not in methods or not r.get("tau"):
+                continue
+            out.setdefault(s, {})[m] = {
+                name: r["tau"] * c["step_ms"] / (c["draft_8_ms"] + c["verify_8_ms"]) for name, c in shapes.items()}
+    return out
+
+
+def projection_table(proj: dict, path: str) -> str:
+    shapes = list(next(iter(next(iter(proj.values())).values())))
+    lines = [f"Projected speedup bound on other target shapes (**a projection, not a measurement**: the τ measured "
+             f"here times each shape's measured block-8 step, draft and verify costs from `{path}`):", "",
+             "| set | method | " + " | ".join(shapes) + " |", "|---|---|" + "---|" * len(shapes)]
+    for s, res in proj.items():
+        for m, row in res.items():
+            lines.append(f"| {s} | {m} | " + " | ".join(f"{row[n]:.2f}×" for n in shapes) + " |")
+    return "\n".join(lines)
 
 
 def load_assistant(spec: str, target, dtype):
@@ -328,6 +373,7 @@ def main(argv: list[str] | None = None) -> int:
 
     # bad names fail before any model loads; a JSONL file is reported under its stem
     sets = {Path(s).stem if s.endswith(".jsonl") else s: load_eval_set(s, limit=args.limit) for s in args.sets}
+    regime = load_regime(args.project) if args.project else None
     import torch
 
     from dataclasses import asdict, replace
@@ -376,8 +422,14 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out) if args.out else default_runs_dir() / "bench"
     out.mkdir(parents=True, exist_ok=True)
     md = table(results)
+    # block drafters verified as chains with their own head path: what the regime map's costs are of
+    chains = [m for m in methods if m in drafters and hasattr(drafters[m], "tree_expander")
+              and m not in TREE_METHODS and m not in HEAD_VARIANTS]
+    proj = projection(results, regime, chains) if regime else {}
     with atomic_path(out / "bench.json") as t:
-        t.write_text(json.dumps({"meta": meta, "results": results, "batched": batched}, indent=1))
+        t.write_text(json.dumps({"meta": meta, "results": results, "batched": batched,
+                                 **({"projection": {"source": args.project, "bounds": proj}} if proj else {})},
+                                indent=1))
     pngs = plots(results, out)
     notes = []
     for s, res in results.items():
@@ -395,6 +447,7 @@ def main(argv: list[str] | None = None) -> int:
             + ("\n".join(notes) + "\n\n" if notes else "Every method's output equals `ar`'s on every prompt.\n\n")
             + (f"Batched decoding (ragged acceptance; same prompts in consecutive batches):\n\n"
                f"{batched_table(batched, {s: len(p) for s, p in sets.items()})}\n\n" if batched else "")
+            + (projection_table(proj, args.project) + "\n\n" if proj else "")
             + "\n".join(f"![{p.stem}]({p.name})" for p in pngs) + "\n")
     with atomic_path(out / "bench.md") as t:
         t.write_text(text)

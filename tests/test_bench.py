@@ -42,16 +42,25 @@ def test_quick_bench_writes_table_json_and_checks_losslessness(dirs, tmp_path, c
 
     root, tdir, adir, prompts = dirs
     out = tmp_path / "bench"
+    regime = tmp_path / "regime.json"          # the costs a regime map measured for two shapes
+    regime.write_text(json.dumps({"results": {"A": {"step_ms": 10.0, "draft_8_ms": 2.0, "verify_8_ms": 18.0},
+                                              "B": {"step_ms": 100.0, "draft_8_ms": 10.0, "verify_8_ms": 90.0}}}))
     argv = ["--target", tdir, "--dtype", "float64", "--sets", prompts, "--quick", "--out", str(out),
             "--domino", str(root / "domino"), "--dflash", str(root / "dflash"), "--assistant", adir,
             "--batch-sizes", "1", "2", "--candidate-pool", "0", "--mlflow", "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}",
             "--drafter", "chain=untrained:eagle",      # any registered method, under its own label
-            "--drafter", f"cut={root / 'domino'}@draft_cutoff=0.4"]     # with options of its own
+            "--drafter", f"cut={root / 'domino'}@draft_cutoff=0.4",     # with options of its own
+            "--project", str(regime)]
     assert main(argv) == 0
     res = json.loads((out / "bench.json").read_text())["results"]["prompts"]
     methods = {"ar", "hf", "hf-prompt-lookup", "hf-assisted", "dflash", "domino-eager", "domino", "chain", "cut"}
     assert methods <= set(res)
     meta = json.loads((out / "bench.json").read_text())["meta"]
+    bounds = json.loads((out / "bench.json").read_text())["projection"]["bounds"]["prompts"]
+    assert set(bounds) == {"dflash", "domino", "cut"}         # chains of block drafters only (not eagle, not ar)
+    assert bounds["domino"]["A"] == pytest.approx(res["domino"]["tau"] * 10.0 / 20.0)
+    assert bounds["domino"]["B"] == pytest.approx(res["domino"]["tau"] * 100.0 / 100.0)
+    assert "a projection, not a measurement" in (out / "bench.md").read_text()
     assert meta["options"]["cut"]["draft_cutoff"] == 0.4 and meta["options"]["domino"]["draft_cutoff"] == 0
     for m in methods - {"ar"}:
         assert res[m]["lossless"]["equal"] == res[m]["lossless"]["total"] == 2, m
@@ -83,6 +92,8 @@ def test_bench_bad_input_is_one_clear_line(dirs, tmp_path, capsys):
                       (["--sets", prompts, "--target", tdir, "--drafter", "domino=untrained:eagle"], "LABEL=SPEC"),
                       (["--sets", prompts, "--target", tdir, "--methods", "ar", "--drafter", "x=untrained:domino@cut=1"],
                        "key one of"),
+                      (["--sets", prompts, "--target", tdir, "--methods", "ar", "--project", prompts],
+                       "not a regime map"),
                       (["--sets", prompts, "--target", tdir, "--methods", "ar", "--drafter", "x=untrained:nope"],
                        "unknown drafter method")):
         with pytest.raises(SystemExit) as e:
