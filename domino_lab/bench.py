@@ -262,9 +262,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--warmup", type=int, default=2, help="prompts decoded by every method before timing")
     p.add_argument("--dtype", default="float32")
-    p.add_argument("--threads", type=int, default=None,
-                   help="torch intra-op threads (default: 1 for a small target on a CPU, else all cores; "
-                        "docs/design.md#threads-for-small-targets)")
+    from .target import add_threads_arg
+    add_threads_arg(p)
     p.add_argument("--out", default=None, help="folder for bench.json, bench.md and the plots (default: the "
                                                 "repository's runs/bench)")
     p.add_argument("--mlflow", action="store_true", help="also log bench/{set}/{method}/... to MLflow")
@@ -379,7 +378,7 @@ def main(argv: list[str] | None = None) -> int:
     from dataclasses import asdict, replace
 
     from .models import InferenceOptions, load_drafter
-    from .target import Target, decode_threads
+    from .target import Target, use_decode_threads
 
     options = InferenceOptions.from_args(args)
     # drafter slot -> (spec, options): the two named slots, the head variants of `domino`, then --drafter LABEL=SPEC
@@ -399,7 +398,7 @@ def main(argv: list[str] | None = None) -> int:
         specs[label] = (spec, with_options(options, opts, item))
         extra.append(label)
     target = Target.from_pretrained(args.target, dtype=args.dtype)
-    torch.set_num_threads(decode_threads(target, args.threads))
+    use_decode_threads(target, args.threads)
     drafters = {m: load_drafter(spec, target, options=o) for m, (spec, o) in specs.items()}
     assistant = load_assistant(args.assistant, target, args.dtype) if "hf-assisted" in args.methods else None
     methods = [m for m in METHODS if m in args.methods] + extra

@@ -20,8 +20,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "untrained:dflash:block_size=16)")
     p.add_argument("--dtype", default="float32", help="float32 (CPU default), bfloat16, float64")
     p.add_argument("--device", default="cpu")
-    p.add_argument("--threads", type=int, default=None,
-                   help="torch intra-op threads (default: 1 for a small target on a CPU, else all cores)")
+    from .target import add_threads_arg
+    add_threads_arg(p)
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="prompt text")
     src.add_argument("--prompts", help="an eval set (math, humaneval, code) or a JSONL file of {\"id\", \"prompt\"} "
@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     from .decoding.engine import check_tree_mode, prompt_token_ids
     from .decoding.tree import check_tree_nodes
     from .models import InferenceOptions, load_drafter
-    from .target import decode_threads
+    from .target import use_decode_threads
     from .validation import check_device, check_seed
 
     # every flag, then every prompt, is checked before anything is decoded or printed
@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
         raise UserError("the prompt is empty; give some text to continue")
     options = InferenceOptions.from_args(args)
     target = Target.from_pretrained(args.target, dtype=args.dtype, device=args.device)
-    torch.set_num_threads(decode_threads(target, args.threads))
+    use_decode_threads(target, args.threads)
     ids = [prompt_token_ids(target, row["prompt"], what="the prompt" if args.prompt is not None else
                             f"prompt {row['id']!r} (number {i} of {args.prompts})")
            for i, row in enumerate(prompts, 1)]

@@ -100,8 +100,8 @@ def main(argv=None) -> int:
     p.add_argument("--precision", default=None, help="e.g. bf16-mixed on GPU (default 32-true)")
     p.add_argument("--dtype", default=None)
     p.add_argument("--limit", type=int, default=None)
-    p.add_argument("--threads", type=int, default=None,
-                   help="torch intra-op threads (default: 1 for a small target on a CPU, else all cores)")
+    from .target import add_threads_arg
+    add_threads_arg(p)
     p.add_argument("--tree-nodes", type=int, default=0, metavar="N",
                    help="verify a draft tree of N nodes per step (block drafters, greedy only; 0 = chain)")
     from .models.options import add_inference_args
@@ -117,12 +117,10 @@ def main(argv=None) -> int:
     check_tree_nodes(args.tree_nodes, "--tree-nodes")
     rows = load_eval_set(args.prompts, limit=args.limit)
     devices = int(args.devices) if str(args.devices).isdigit() else args.devices
-    import torch
-
-    from .target import Target, decode_threads
+    from .target import Target, use_decode_threads
 
     target = Target.from_pretrained(args.target, dtype=args.dtype)
-    torch.set_num_threads(decode_threads(target, args.threads))
+    use_decode_threads(target, args.threads)
     out = predict(target, args.drafter, rows, max_new_tokens=args.max_new_tokens,
                   temperature=args.temperature, batch_size=args.batch_size, accelerator=args.accelerator,
                   devices=devices, strategy=args.strategy, precision=args.precision, dtype=args.dtype,

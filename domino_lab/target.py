@@ -51,13 +51,28 @@ _DEFAULT_THREADS = torch.get_num_threads()     # torch's own choice (OMP_NUM_THR
 
 def decode_threads(target: "Target", requested: int | None = None) -> int:
     """Intra-op threads for decoding with `target`: `requested` if given, else 1 for a small target on a CPU, else
-    torch's default (all cores). Call before decoding: `torch.set_num_threads(decode_threads(target, args.threads))`."""
+    torch's default (all cores)."""
     if requested is not None:
         if requested < 1:
             raise UserError(f"--threads must be at least 1, got {requested}")
         return requested
     small = sum(p.numel() for p in target.model.parameters()) < SMALL_TARGET_PARAMS
     return 1 if small and target.device.type == "cpu" else _DEFAULT_THREADS
+
+
+def use_decode_threads(target: "Target", requested: int | None = None) -> int:
+    """Set torch's intra-op threads to `decode_threads(target, requested)` (every decoding CLI calls this once the
+    target is loaded) and return the count."""
+    n = decode_threads(target, requested)
+    torch.set_num_threads(n)
+    return n
+
+
+def add_threads_arg(p) -> None:
+    """--threads for a CLI that decodes (pass its value to use_decode_threads)."""
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch intra-op threads (default: 1 for a target under 50M parameters on a CPU, else all "
+                        "cores; docs/design.md#threads-for-small-targets)")
 
 
 @dataclass

@@ -101,7 +101,7 @@ def train(cfg, resume: bool = False, extra_callbacks=None, logger=None, target=N
 
     from .target import Target
     from .training.callbacks import ExportBest
-    from .training.config import drafter_config, init_source_config
+    from .training.config import drafter_config
     from .training.datamodule import DrafterDataModule
     from .training.module import DrafterModule
     from .training.tracking import forget_metrics_from, make_logger, plot_curves, read_run_id, remember_run
@@ -143,9 +143,9 @@ def train(cfg, resume: bool = False, extra_callbacks=None, logger=None, target=N
     if saved is not None:      # e.g. the target was retrained at the same path since the checkpoint
         check_same_config(saved["hyper_parameters"].get("drafter", {}), dict(module.hparams["drafter"]), "drafter",
                           ckpt)
-    if dcfg.frspec_k and not (cfg.drafter.init_from
-                              and init_source_config(cfg.drafter.init_from).get("frspec_k") == dcfg.frspec_k):
-        # the draft vocabulary comes from the training split's responses (saved in every checkpoint)
+    if dcfg.frspec_k and "frspec_ids" not in module.warm_started:
+        # the draft vocabulary comes from the training split's responses (saved in every checkpoint), unless the
+        # warm start brought a list of this size
         from .models.frspec import frequent_tokens
         module.drafter.set_frspec(frequent_tokens(dm.train_rows, dcfg.frspec_k, dcfg.vocab_size))
     module.tau_prompts = dm.tau_prompts(cfg.eval.tau_prompts)

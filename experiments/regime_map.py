@@ -11,7 +11,7 @@ quantity is the median wall time over interleaved repetitions with a 128-token c
 decode; the drafter is an untrained Domino drafter shaped for the target (one draft layer, 3 taps, the fused head
 with its 64-token candidate pool) drafting over an FR-Spec list: 1,024 ids for the embedded default (as the
 shipped drafters) and `--frspec-k` ids (default 32,768, FR-Spec's size for a 152K vocabulary) for the others,
-chosen at random (timing only). Threads per shape as decoding picks them (`target.decode_threads`: one for the
+chosen at random (timing only). Threads per shape as decoding picks them (`target.use_decode_threads`: one for the
 embedded default, both cores for the larger shapes) unless `--threads` says otherwise. The bound is what the
 engine delivers when it adds no overhead (the committed bench measures 96–102% of it on the embedded default).
 """
@@ -29,10 +29,11 @@ import torch
 from transformers import DynamicCache, Qwen3Config, Qwen3ForCausalLM
 
 from domino_lab import Drafter, Target
+from domino_lab.bench import projection
 from domino_lab.config import repo_root
 from domino_lab.errors import atomic_path, run_cli
 from domino_lab.experiments.timing import cached_step
-from domino_lab.target import decode_threads, default_tap_layers
+from domino_lab.target import default_tap_layers, use_decode_threads
 
 # name: (hidden, layers, heads, kv heads, head_dim, intermediate, vocab); Qwen3-0.6B's published shape last
 SHAPES = {
@@ -102,7 +103,7 @@ def measure(target: Target, reps: int, rounds: int, frspec_k: int) -> dict:
     return out
 
 
-def render(res: dict, meta: dict, shipped: dict) -> str:
+def render(res: dict, meta: dict, shipped: dict, proj: dict) -> str:
     lines = [f"# Regime map: where speculative decoding pays on this CPU", "",
              f"`{meta['command']}`", "",
              f"Machine: {meta['machine']}, {meta['date']}. Random weights except the embedded default; median wall "
@@ -120,30 +121,26 @@ def render(res: dict, meta: dict, shipped: dict) -> str:
             f"{r['draft_8_ms'] / r['step_ms']:.2f} | {r['tau_for_1x_8']:.2f} / {r['tau_for_1x_16']:.2f} | "
             f"{r['tau_for_2x_8']:.2f} / {r['tau_for_2x_16']:.2f} | "
             f"{b8['2']:.2f} / {b8['4']:.2f} / {b8['6']:.2f} | {b16['2']:.2f} / {b16['4']:.2f} / {b16['6']:.2f} |")
-    if shipped:
+    if proj:
         lines += ["", "## At the shipped Domino drafter's measured τ (block 8)", "",
                   f"τ per set from `{meta['tau_source']}`; projected speedup bound on each shape (a projection: the τ "
                   "was measured on the embedded target, and a larger target's drafter would have its own).", "",
-                  "| target | " + " | ".join(f"{s} (τ {t:.2f})" for s, t in shipped.items()) + " |",
+                  "| target | " + " | ".join(f"{s_} (τ {t:.2f})" for s_, t in shipped.items()) + " |",
                   "|---|" + "---|" * len(shipped)]
-        for name, r in res.items():
-            cost = r["draft_8_ms"] + r["verify_8_ms"]
-            lines.append(f"| {name} | " + " | ".join(f"{t * r['step_ms'] / cost:.2f}×" for t in shipped.values())
-                         + " |")
+        for name in res:
+            lines.append(f"| {name} | " + " | ".join(f"{proj[s_]['domino'][name]:.2f}×" for s_ in shipped) + " |")
         for s_, t in shipped.items():
-            pays = [n for n, r in res.items() if r["tau_for_1x_8"] <= t]
-            two = [n for n, r in res.items() if r["tau_for_2x_8"] <= t]
+            bound = proj[s_]["domino"]
+            pays = [n for n in res if bound[n] >= 1]
+            two = [n for n in res if bound[n] >= 2]
             lines.append(f"\n{s_} (τ {t:.2f}): beats plain decoding on {', '.join(pays) or 'none of these shapes'}; "
                          f"reaches 2× on {', '.join(two) or 'none of these shapes'}.")
     return "\n".join(lines) + "\n"
 
 
-def shipped_tau(path: Path) -> dict:
-    """{set: τ of the `domino` method} from a bench.json, or {} when there is none."""
-    if not path.exists():
-        return {}
-    res = json.loads(path.read_text())["results"]
-    return {s: m["domino"]["tau"] for s, m in res.items() if "domino" in m}
+def bench_results(path: Path) -> dict:
+    """The `results` of a bench.json ({set: {method: {tau, ...}}}), or {} when there is none."""
+    return json.loads(path.read_text())["results"] if path.exists() else {}
 
 
 def plot(res: dict, out: Path) -> Path:
@@ -172,7 +169,7 @@ def main(argv=None) -> int:
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--threads", type=int, default=None, help="torch threads for every shape (default: as decoding "
-                                                                "picks them, target.decode_threads)")
+                                                                "picks them, target.use_decode_threads)")
     p.add_argument("--frspec-k", type=int, default=32768, help="draft vocabulary of the larger shapes' drafters")
     p.add_argument("--bench", default="experiments/results/bench/bench.json",
                    help="bench.json whose Domino τ per set is projected onto every shape")
@@ -183,21 +180,23 @@ def main(argv=None) -> int:
     res = {}
     for name, shape in shapes.items():
         target = build_target(shape)
-        torch.set_num_threads(decode_threads(target, a.threads))
+        use_decode_threads(target, a.threads)
         res[name] = measure(target, reps, rounds, 1024 if shape is None else a.frspec_k)
         print(f"{name}: {json.dumps({k: v for k, v in res[name].items() if k.endswith('_ms')})}", file=sys.stderr)
     meta = {"command": "python experiments/regime_map.py " + " ".join(argv if argv is not None else sys.argv[1:]),
             "machine": f"{platform.machine()}, torch {torch.__version__}", "date": time.strftime("%Y-%m-%d"),
             "tau_source": a.bench}
     bench = Path(a.bench) if Path(a.bench).is_absolute() else repo_root() / a.bench
-    shipped = shipped_tau(bench)
+    measured = bench_results(bench)
+    proj = projection(measured, res, ["domino"])         # the bench's formula: τ · t_step / (t_draft + t_verify)
+    shipped = {s_: measured[s_]["domino"]["tau"] for s_ in proj}
     stem = Path(a.out)
     stem = stem if stem.is_absolute() else repo_root() / stem
     stem.parent.mkdir(parents=True, exist_ok=True)
     with atomic_path(stem.with_suffix(".json")) as t:
         t.write_text(json.dumps({"meta": meta, "shipped_tau": shipped, "results": res}, indent=1))
     with atomic_path(stem.with_suffix(".md")) as t:
-        t.write_text(render(res, meta, shipped) + f"\n![bound vs τ]({stem.name}.png)\n")
+        t.write_text(render(res, meta, shipped, proj) + f"\n![bound vs τ]({stem.name}.png)\n")
     plot(res, stem.with_suffix(".png"))
     print(stem.with_suffix(".md").read_text())
     return 0

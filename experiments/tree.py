@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import sys
@@ -41,7 +42,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--max-new-tokens", type=int, default=96)
     p.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds (tokens/s = their median)")
     p.add_argument("--warmup", type=int, default=1, help="prompts every configuration decodes before timing")
-    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    from domino_lab.target import add_threads_arg
+    add_threads_arg(p)
     p.add_argument("--out", default=str(ROOT / "experiments" / "results"), help="folder for tree.{md,json,png}")
     p.add_argument("--quick", action="store_true", help="2 prompts per set, 16 new tokens, 1 round (smoke test)")
     args = p.parse_args(argv)
@@ -64,18 +66,16 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def run(args) -> dict:
-    import torch
-
     from domino_lab import Target, speculative_generate
     from domino_lab.data.eval_sets import load_eval_set
     from domino_lab.decoding.engine import check_tree_mode
     from domino_lab.decoding.metrics import StepTally
     from domino_lab.models import load_drafter
+    from domino_lab.target import use_decode_threads
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
     sets = {s: load_eval_set(s, limit=args.limit) for s in args.sets}        # bad names fail before any model loads
     target = Target.from_pretrained(args.target)
+    use_decode_threads(target, args.threads)
     drafters = {}
     for item in args.drafter:
         label, _, spec = item.partition("=")
@@ -201,7 +201,7 @@ def main(argv=None) -> int:
     results = run(args)
     summ = summary(results)
     meta = {"command": "python experiments/tree.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-            "machine": f"{platform.machine()}, {__import__('os').cpu_count()} CPUs, {torch.get_num_threads()} torch "
+            "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, {torch.get_num_threads()} torch "
                        f"threads, torch {torch.__version__}", "date": time.strftime("%Y-%m-%d %H:%M"),
             "target": args.target, "drafters": args.drafter, "nodes": sorted(set(args.nodes)),
             "limit": args.limit, "max_new_tokens": args.max_new_tokens, "rounds": args.rounds,

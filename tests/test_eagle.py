@@ -263,5 +263,7 @@ def test_full_vocab_option_and_warm_start_from_a_restricted_drafter(target, seqs
         b = speculative_generate(target, d, prompt_ids=p_, max_new_tokens=NEW)
         assert [s.draft_tokens for s in a.steps] == [s.draft_tokens for s in b.steps]
     fresh = Drafter.untrained(target, "domino", seed=9, block_size=8)
-    warm_start(fresh, r)                  # frspec_k 0 here, 20 in the source: the list is skipped
+    assert "frspec_ids" not in warm_start(fresh, r)     # frspec_k 0 here, 20 in the source: the list is skipped
     assert all(torch.equal(v, d.state_dict()[k]) for k, v in fresh.state_dict().items())
+    same = Drafter.untrained(target, "domino", seed=9, block_size=8, frspec_k=len(ids))
+    assert "frspec_ids" in warm_start(same, r) and same.draft_vocab.tolist() == ids   # a list of this size is kept

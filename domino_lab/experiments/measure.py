@@ -47,18 +47,14 @@ def measure(spec: ExperimentSpec, trained: dict, quick: bool, progress: bool = T
     """results[set][str(T)][variant][str(seed)] = evaluate() result + speedup, tok_s, lossless."""
     from ..data.eval_sets import load_eval_set
     from ..evaluate import evaluate
-    from ..target import Target
+    from ..target import Target, use_decode_threads
 
     targets = {r.config.get("target", "default") for r in trained.values() if r.config}
     if len(targets) > 1:
         from ..errors import UserError
         raise UserError(f"an experiment compares drafters of one target; its runs use {sorted(targets)}")
     target = Target.from_pretrained(targets.pop() if targets else "default")
-    import torch
-
-    from ..target import decode_threads
-
-    torch.set_num_threads(decode_threads(target, threads))
+    use_decode_threads(target, threads)
     limit = QUICK_EVAL["limit"] if quick else spec.limit
     max_new = QUICK_EVAL["max_new_tokens"] if quick else spec.max_new_tokens
     cache: dict = {}

@@ -32,9 +32,11 @@ class DrafterModule(pl.LightningModule):
         self._anchor_gen: torch.Generator | None = None
         if target is not None:
             self.attach_target(target)
+        self.warm_started: set[str] = set()      # state keys taken from drafter.init_from
         if cfg.drafter.init_from:
             src = Drafter.from_pretrained(cfg.drafter.init_from, target)   # checks it fits the target
-            warm_start(self.drafter, src, head=cfg.optim.train != "head", name=cfg.drafter.init_from)
+            self.warm_started = warm_start(self.drafter, src, head=cfg.optim.train != "head",
+                                           name=cfg.drafter.init_from)
         if cfg.optim.train == "head":
             freeze_backbone(self.drafter)
 
@@ -126,11 +128,12 @@ class DrafterModule(pl.LightningModule):
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
 
-def warm_start(drafter, src, head: bool = True, name: str = "init_from") -> None:
-    """Copy `src`'s weights into `drafter`. The backbone must match exactly (same family layout and shapes: the
-    config took the source's architecture, training/config.py#drafter_config). The head is copied when `head` and
-    both have one of the same shape; a source without a head (a dflash backbone under a domino drafter) leaves the
-    new head as initialised. Anything else is a UserError naming the first tensor that does not fit."""
+def warm_start(drafter, src, head: bool = True, name: str = "init_from") -> set[str]:
+    """Copy `src`'s weights into `drafter` and return the state keys taken. The backbone must match exactly (same
+    family layout and shapes: the config took the source's architecture, training/config.py#drafter_config). The
+    head is copied when `head` and both have one of the same shape; a source without a head (a dflash backbone
+    under a domino drafter) leaves the new head as initialised; an FR-Spec list is taken only when it has this
+    drafter's size. Anything else is a UserError naming the first tensor that does not fit."""
     from ..errors import UserError
 
     head_keys, src_head = _head_keys(drafter), _head_keys(src)
@@ -151,6 +154,7 @@ def warm_start(drafter, src, head: bool = True, name: str = "init_from") -> None
     if missing:
         raise UserError(f"drafter.init_from {name}: the source lacks {sorted(missing)[0]}")
     drafter.load_state_dict(take, strict=False)
+    return set(take)
 
 
 def _head_keys(drafter) -> set[str]:
