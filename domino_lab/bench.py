@@ -118,6 +118,8 @@ def summarize(runs: list[Run], ref: list[Run] | None) -> dict:
 def bench_set(b: Bench, prompts: list[dict], warmup: int, progress: bool = True) -> dict:
     from tqdm.auto import tqdm
 
+    from .decoding.metrics import speedup_bound
+
     ids = [b.target.encode(p["prompt"]) for p in prompts]
     for x in ids[:warmup]:                      # warm-up: allocator, thread pools, HF's first-call work
         for m in b.methods:
@@ -137,7 +139,7 @@ def bench_set(b: Bench, prompts: list[dict], warmup: int, progress: bool = True)
             r["speedup_vs_hf"] = r["tokens_per_s"] / hf["tokens_per_s"]
         if ar and "draft_ms" in r and m != "ar":
             # cost model (paper §4): τ·t_ar / (t_draft + t_verify), with t_ar the plain step of this run
-            r["bound_vs_ar"] = r["tau"] * ar["verify_ms"] / (r["draft_ms"] + r["verify_ms"])
+            r["bound_vs_ar"] = speedup_bound(r["tau"], ar["verify_ms"], r["draft_ms"], r["verify_ms"])
             r["measured_over_bound"] = r["speedup_vs_ar"] / r["bound_vs_ar"]
     res["_per_prompt"] = {m: [{"id": p["id"], "tokens": len(r.tokens), "wall_s": r.wall_s, "calls": r.target_calls}
                               for p, r in zip(prompts, rs)] for m, rs in runs.items()}
@@ -317,13 +319,16 @@ def projection(results: dict, shapes: dict, methods: list[str]) -> dict:
     """{set: {method: {shape: bound}}} for `methods` (block drafters verified as chains, whose costs the regime map
     measures): the measured τ times a shape's step over its draft + verify (block 8). A projection, not a
     measurement: a drafter for that target would have its own τ and draft cost."""
+    from .decoding.metrics import speedup_bound
+
     out: dict = {}
     for s, res in results.items():
         for m, r in res.items():
             if m not in methods or not r.get("tau"):
                 continue
             out.setdefault(s, {})[m] = {
-                name: r["tau"] * c["step_ms"] / (c["draft_8_ms"] + c["verify_8_ms"]) for name, c in shapes.items()}
+                name: speedup_bound(r["tau"], c["step_ms"], c["draft_8_ms"], c["verify_8_ms"])
+                for name, c in shapes.items()}
     return out
 
 

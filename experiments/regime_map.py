@@ -30,6 +30,7 @@ from transformers import DynamicCache, Qwen3Config, Qwen3ForCausalLM
 
 from domino_lab import Drafter, Target
 from domino_lab.bench import projection
+from domino_lab.decoding.metrics import speedup_bound
 from domino_lab.config import repo_root
 from domino_lab.errors import atomic_path, run_cli
 from domino_lab.experiments.timing import cached_step
@@ -97,7 +98,7 @@ def measure(target: Target, reps: int, rounds: int, frspec_k: int) -> dict:
            **{f"{q}_ms": v for q, v in ms.items()}}
     for b in (8, 16):
         cost = ms[f"draft_{b}"] + ms[f"verify_{b}"]
-        out[f"bound_{b}"] = {str(t): t * ms["step"] / cost for t in TAUS}
+        out[f"bound_{b}"] = {str(t): speedup_bound(t, ms["step"], ms[f"draft_{b}"], ms[f"verify_{b}"]) for t in TAUS}
         out[f"tau_for_1x_{b}"] = cost / ms["step"]          # break-even τ
         out[f"tau_for_2x_{b}"] = 2 * cost / ms["step"]
     return out

@@ -16,6 +16,13 @@ from collections.abc import Iterable
 from .records import StepRecord
 
 
+def speedup_bound(tau: float, t_step: float, t_draft: float, t_verify: float) -> float:
+    """The speculative cost model: τ tokens per (draft + verify) step against one token per plain step of t_step
+    (any one time unit; per sequence). What the engine delivers when it adds nothing: the bench's bound, the
+    sweep's speedup estimate and the regime map all use it."""
+    return tau * t_step / (t_draft + t_verify)
+
+
 class StepTally:
     def __init__(self, num_drafts: int = 0):
         self.steps = 0

@@ -140,9 +140,9 @@ def _score(runner, trial, seed: int, role: str) -> dict:
 
 def _side(trial, scores: dict, runner) -> dict:
     taus = [scores[s]["tau"] for s in sorted(scores, key=int)]
-    from .trial import speedup_est
+    from ..decoding.metrics import speedup_bound
 
-    speed = [speedup_est(r["tau"], runner.t_ar_ms, r["draft_ms"], r["verify_ms"]) for r in scores.values()
+    speed = [speedup_bound(r["tau"], runner.t_ar_ms, r["draft_ms"], r["verify_ms"]) for r in scores.values()
              if runner.t_ar_ms and r.get("draft_ms") is not None and (r["draft_ms"] + r["verify_ms"]) > 0]
     return {"trial": trial.number, "params": dict(trial.params), "search_tau": trial.values[0],
             "tau_per_seed": taus, "tau_mean": statistics.fmean(taus),

@@ -24,7 +24,8 @@ from ..errors import UserError, mask_credentials
 from ..training.tracking import default_artifact_location, default_tracking_uri
 from .config import SweepConfig, base_values, trial_config
 from .space import make_pruner, make_sampler, suggest
-from .trial import TrialProgress, confirmable, speedup_est
+from ..decoding.metrics import speedup_bound
+from .trial import TrialProgress, confirmable
 
 DIRECTIONS = {"tau": "maximize", "draft_ms": "minimize"}
 SETUP_LOCK_KEY = 0x646F6D696E6F     # pg_advisory_lock key ("domino") serialising table creation
@@ -297,8 +298,8 @@ class SweepRunner:
         values = {"tau": res["best_tau"], "draft_ms": res["best_draft_ms"]}
         if self.t_ar_ms and res.get("best_draft_ms") is not None and res.get("best_verify_ms") is not None:
             # the speculative cost model: tokens per step × plain step time / speculative step time
-            trial.set_user_attr("speedup_est", speedup_est(res["best_tau"], self.t_ar_ms, res["best_draft_ms"],
-                                                           res["best_verify_ms"]))
+            trial.set_user_attr("speedup_est", speedup_bound(res["best_tau"], self.t_ar_ms, res["best_draft_ms"],
+                                                             res["best_verify_ms"]))
             trial.set_user_attr("draft_ms", res["best_draft_ms"])
             trial.set_user_attr("verify_ms", res["best_verify_ms"])
         out = [values[o] for o in self.sweep.objectives]

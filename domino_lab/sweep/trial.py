@@ -1,17 +1,11 @@
 """Pieces of a sweep trial shared by the search and the confirmation stage (sweep/runner.py, sweep/confirm.py):
-the speedup cost model on measured times, whether a study can be confirmed, and the progress bar inside a trial."""
+whether a study can be confirmed, and the progress bar inside a trial."""
 from __future__ import annotations
 
 import sys
 
 import lightning.pytorch as pl
 import optuna
-
-
-def speedup_est(tau: float, t_ar_ms: float, draft_ms: float, verify_ms: float) -> float:
-    """The speculative cost model on measured times: τ tokens per (draft + verify) step against one token per
-    plain decoding step (all per sequence, batch 1, this machine, this session)."""
-    return tau * t_ar_ms / (draft_ms + verify_ms)
 
 
 def confirmable(study) -> bool:
