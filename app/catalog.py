@@ -140,16 +140,17 @@ class Catalog:
                 self._targets[value] = t
             return self._targets[value]
 
-    def drafter(self, target_value: str, value: str, head_on: bool = True):
+    def drafter(self, target_value: str, value: str, head_on: bool = True, lookup: int = 0):
         """The drafter `value` bound to target `target_value` (None for plain decoding); UserError if it
-        doesn't fit the target."""
+        doesn't fit the target. `lookup` > 0 turns on lookup drafting (one cached drafter per setting: options
+        are read by the engine during a decode, so concurrent requests must not share a mutable one)."""
         entry = self.drafters.get(value)
         if entry is None:
             raise UserError(f"unknown drafter {value!r}; pick one from the list")
         target = self.target(target_value)
         if entry.spec is None:
             return None
-        key = (target_value, value, bool(head_on))
+        key = (target_value, value, bool(head_on), int(lookup))
         if key in self._drafters:
             return self._drafters[key]
         with self._lock:
@@ -159,7 +160,7 @@ class Catalog:
 
                 try:
                     # full-vocabulary correction: the inspector's corrected top-k and ΔL bounds must be exact
-                    d = load_drafter(entry.spec, target, options=InferenceOptions(candidate_pool=0))
+                    d = load_drafter(entry.spec, target, options=InferenceOptions(candidate_pool=0, lookup=lookup))
                 except UserError as e:
                     raise UserError(f"{e} (drafter {value!r}, target {target_value!r})") from None
                 d.eval()

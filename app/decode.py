@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from domino_lab.decoding import GenerationResult, StepRecord, speculative_generate
 from domino_lab.decoding.engine import check_tree_mode
+from domino_lab.decoding.lookup import MAX_NGRAM
 from domino_lab.errors import UserError
 from domino_lab.validation import check_seed
 from domino_lab.decoding.metrics import StepTally
@@ -35,6 +36,7 @@ class Request:
     max_new_tokens: int = 64
     seed: int = 0
     tree_nodes: int = 0          # > 0: verify a draft tree of this many nodes per step (0 = the chain)
+    lookup: int = 0              # > 0: copy repeats of the text's last >= this many tokens (lookup drafting)
 
     def checked(self) -> "Request":
         if not isinstance(self.prompt, str) or not self.prompt.strip():
@@ -57,6 +59,12 @@ class Request:
             raise UserError("tree nodes must be a whole number (0 = chain verification)") from None
         if not 0 <= self.tree_nodes <= MAX_TREE_NODES:
             raise UserError(f"tree nodes must be between 0 (chain verification) and {MAX_TREE_NODES}")
+        try:
+            self.lookup = int(self.lookup or 0)
+        except (TypeError, ValueError):
+            raise UserError("lookup must be a whole number (0 = off)") from None
+        if not 0 <= self.lookup <= MAX_NGRAM:
+            raise UserError(f"lookup must be between 0 (off) and {MAX_NGRAM} tokens")
         return self
 
 
@@ -112,7 +120,7 @@ def stream(catalog, req: Request, min_interval: float = 0.05, measure_plain: boo
     """Yield a Snapshot after verify steps (at most every `min_interval` s) and a final one with the result."""
     req.checked()
     target = catalog.target(req.target)
-    drafter = catalog.drafter(req.target, req.drafter, req.head_on)
+    drafter = catalog.drafter(req.target, req.drafter, req.head_on, req.lookup)
     if req.tree_nodes:
         check_tree_mode(drafter, req.temperature)
     snap = Snapshot(req.target)
@@ -231,7 +239,8 @@ def _tile(cls: str, body: str, title: str, step: int | None = None, pos: int | N
 LEGEND = ('<div class="legend"><span class="tile prefill">prefill</span> the target\'s first token · '
           '<span class="tile acc">accepted</span> drafted and accepted · '
           '<span class="tile bonus">bonus</span> the target\'s own next token · '
-          '<span class="tile rej">rejected</span> the lost tail · one box = one target call · '
+          '<span class="tile rej">rejected</span> the lost tail · one box = one target call '
+          '(<span class="domino copied">dashed</span>: copied from earlier text by lookup drafting) · '
           'click a drafted token to inspect it</div>')
 
 
@@ -251,7 +260,9 @@ def chain_html(snap: Snapshot, texts: Texts) -> str:
         for j, t in enumerate(s.draft_tokens[s.accepted:], start=s.accepted):
             tiles.append(_tile("rej", texts.html(t), f"step {i + 1} · d{j + 1} rejected · id {t}", i, j))
         title = f"step {i + 1}: {s.accepted}/{len(s.draft_tokens)} drafts accepted, {s.acceptance_length} committed"
-        parts.append(f'<span class="domino" title="{title}">{"".join(tiles)}</span>')
+        if s.copied:
+            title += " (copied from earlier text)"
+        parts.append(f'<span class="domino{" copied" if s.copied else ""}" title="{title}">{"".join(tiles)}</span>')
     cursor = "" if snap.done else '<span class="cursor">▌</span>'
     return LEGEND + f'<div class="chain">{"".join(parts)}{cursor}</div>'
 
@@ -349,12 +360,13 @@ def record(snap: Snapshot, texts: Texts, req: Request) -> dict:
                       "committed": s.committed, "accepted_text": [texts.raw(t) for t in s.draft_tokens[: s.accepted]],
                       "rejected_text": [texts.raw(t) for t in rej],
                       "bonus_text": texts.raw(s.bonus) if s.bonus is not None else None,
-                      "draft_ms": round(1000 * s.draft_time_s, 3), "verify_ms": round(1000 * s.verify_time_s, 3)})
+                      "draft_ms": round(1000 * s.draft_time_s, 3), "verify_ms": round(1000 * s.verify_time_s, 3),
+                      "copied": s.copied})
         if s.tree_tokens is not None:
             steps[-1]["tree"] = {"tokens": s.tree_tokens, "parents": s.tree_parents, "path": s.tree_path}
     first = snap.token_ids[:1]
     return {"target": req.target, "drafter": req.drafter, "head": snap.head, "block_size": req.block_size,
-            "tree_nodes": req.tree_nodes,
+            "tree_nodes": req.tree_nodes, "lookup": req.lookup,
             "temperature": req.temperature, "prefill": first[0] if first else None, "steps": steps,
             "counters": counters(snap), "token_ids": snap.token_ids,
             "text": snap.result.text if snap.done else texts.target.decode(snap.token_ids)}
@@ -370,6 +382,7 @@ CHAIN_CSS = """
 .bonus { background: #fdba74; color: #7c2d12; font-weight: 600; }
 .rej { background: #f1f5f9; color: #94a3b8; text-decoration: line-through; cursor: pointer; }
 .prefill { background: #e9d5ff; color: #581c87; }
+.domino.copied { border-style: dashed; border-color: #64748b; }
 .tile.sel { outline: 2px solid #2563eb; }
 .ws { opacity: 0.45; }
 .step-no { font-size: 9px; color: #64748b; vertical-align: super; margin-right: 1px; }

@@ -60,6 +60,9 @@ def inspect_position(steps: list[StepRecord], texts, step: int, position: int, k
     if not 1 <= position <= len(s.draft_tokens):
         raise UserError(f"step {step} drafted {len(s.draft_tokens)} tokens: position must be between 1 and "
                         f"{len(s.draft_tokens)}")
+    if s.copied:
+        raise UserError(f"step {step} copied its drafts from earlier text (lookup drafting): the drafter was not "
+                        "called, so there are no base or corrected logits to inspect; pick a drafted step")
     pos = position - 1
     bmap = dict(zip(s.base_topk_ids[pos], s.base_topk_logits[pos]))
     fmap = dict(zip(s.final_topk_ids[pos], s.final_topk_logits[pos]))
@@ -89,6 +92,8 @@ def interesting_position(steps: list[StepRecord]) -> tuple[int, int] | None:
     confirmed, else the first one it changed, else the first rejected draft, else the first draft (1-based)."""
     changed = rejected = first = None
     for i, s in enumerate(steps):
+        if s.copied:                 # copied drafts have no drafter logits to show
+            continue
         for j in range(len(s.draft_tokens)):
             first = first or (i + 1, j + 1)
             if j >= len(s.base_topk_ids) or not s.base_topk_ids[j]:

@@ -14,9 +14,9 @@ from domino_lab.errors import UserError
 
 from . import runs as runs_view
 from .catalog import Catalog
-from .decode import (CHAIN_CSS, CLICK_JS, COUNTERS_CSS, LEGEND, MAX_BLOCK, MAX_NEW_TOKENS, MAX_TREE_NODES, TREE_CSS,
-                     Request, Texts, acceptance, acceptance_frame, chain_html, counters, counters_html, record, stream,
-                     tree_html)
+from .decode import (CHAIN_CSS, CLICK_JS, COUNTERS_CSS, LEGEND, MAX_BLOCK, MAX_NEW_TOKENS, MAX_NGRAM, MAX_TREE_NODES,
+                     TREE_CSS, Request, Texts, acceptance, acceptance_frame, chain_html, counters, counters_html,
+                     record, stream, tree_html)
 from .inspector import INSPECTOR_CSS, inspect_position, inspector_html, interesting_position
 
 log = logging.getLogger("app")
@@ -105,6 +105,9 @@ def build_demo(catalog: Catalog, examples: list[dict] | None = None, stream_inte
                         block, temp, max_tokens, seed = _knobs()
                         tree_n = gr.Slider(0, MAX_TREE_NODES, value=0, step=1, elem_id="tree-nodes",
                                            label="tree nodes (0 = chain; > 0 verifies a draft tree, greedy only)")
+                        lookup_n = gr.Slider(0, MAX_NGRAM, value=0, step=1, elem_id="lookup",
+                                             label="lookup (0 = off; N > 0 copies what followed an earlier "
+                                                   "occurrence of the last N+ tokens instead of drafting)")
                         with gr.Row():
                             go = gr.Button("Decode", variant="primary", elem_id="decode-btn")
                             stop = gr.Button("Stop")
@@ -172,12 +175,12 @@ def build_demo(catalog: Catalog, examples: list[dict] | None = None, stream_inte
                                        label="selected runs", interactive=False)
 
         # ---------------------------------------------------------------- handlers
-        def decode(prompt, target, drafter, head, block, temp, max_tokens, seed, tree_nodes=0):
+        def decode(prompt, target, drafter, head, block, temp, max_tokens, seed, tree_nodes=0, lookup=0):
             try:
                 req = Request(prompt, target, drafter, bool(head), block, temp, max_tokens, seed,
-                              tree_nodes).checked()
+                              tree_nodes, lookup).checked()
                 texts = Texts(catalog.target(req.target))
-                catalog.drafter(req.target, req.drafter, req.head_on)     # a misfit drafter fails here, early
+                catalog.drafter(req.target, req.drafter, req.head_on, req.lookup)   # a misfit fails here, early
                 wait = LEGEND + '<div class="chain empty">measuring plain decoding of this prompt…</div>'
                 yield (wait, "", "", None, gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip(),
                        tree_html(None, texts))
@@ -217,7 +220,7 @@ def build_demo(catalog: Catalog, examples: list[dict] | None = None, stream_inte
         def on_drafter(value):
             return gr.update(interactive=catalog.has_head(value))
 
-        ev = go.click(decode, [prompt, target, drafter, head, block, temp, max_tokens, seed, tree_n],
+        ev = go.click(decode, [prompt, target, drafter, head, block, temp, max_tokens, seed, tree_n, lookup_n],
                       [chain, counters_box, text, rec_json, bars, state, insp, insp_json, step_n, pos_n, trees_box],
                       api_name="decode")
         stop.click(None, cancels=[ev])

@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from . import Target, speculative_generate
-    from .decoding.engine import check_tree_mode, prompt_token_ids
+    from .decoding.engine import check_lookup_mode, check_tree_mode, prompt_token_ids
     from .decoding.tree import check_tree_nodes
     from .models import InferenceOptions, load_drafter
     from .target import use_decode_threads
@@ -72,6 +72,7 @@ def main(argv: list[str] | None = None) -> int:
                             f"prompt {row['id']!r} (number {i} of {args.prompts})")
            for i, row in enumerate(prompts, 1)]
     drafter = load_drafter(args.drafter, target, seed=args.seed, options=options)
+    check_lookup_mode(drafter, options.lookup)
     if args.tree_nodes:
         check_tree_mode(drafter, args.temperature)
     for row, prompt_ids in zip(prompts, ids):

@@ -162,6 +162,21 @@ def test_tree_decode_draws_each_steps_tree(app, client):
         client.predict(*_decode_args(app["prompt"], n=8, temp=0.5), 8, api_name="/decode")
 
 
+def test_lookup_decode_marks_copied_steps(app, client):
+    from domino_lab.data.eval_sets import load_eval_set
+
+    prompt = load_eval_set("humaneval", limit=4)[3]["prompt"]     # the target loops on it: copies pay
+    out = client.predict(*_decode_args(prompt, n=48), 0, 2, api_name="/decode")
+    rec, chain = out[3], out[0]
+    assert rec["lookup"] == 2 and rec["counters"]["identical_to_plain"] is True
+    assert _spans_concat(rec) == _plain(app, prompt, 48)
+    copied = [s for s in rec["steps"] if s["copied"]]
+    assert copied and any(not s["copied"] for s in rec["steps"])
+    assert chain.split("</div>", 1)[1].count('class="domino copied"') == len(copied)     # past the legend
+    tree = client.predict(*_decode_args(prompt, n=48), 8, 2, api_name="/decode")[3]     # copies and trees mix
+    assert tree["counters"]["identical_to_plain"] is True and any(s["copied"] for s in tree["steps"])
+
+
 def test_eight_concurrent_clients(app):
     from gradio_client import Client
 

@@ -16,6 +16,7 @@ from ..errors import UserError
 from ..validation import check_seed
 from .records import GenerationResult, StepRecord
 from . import tree as trees
+from .lookup import NgramLookup
 from .. import sampling
 
 
@@ -62,6 +63,8 @@ def speculative_generate(target, drafter=None, prompt: str | None = None, prompt
     tree_nodes = trees.check_tree_nodes(tree_nodes)
     if tree_nodes:
         check_tree_mode(drafter, temperature)
+    min_copy = drafter.options.lookup if drafter is not None else 0
+    check_lookup_mode(drafter, min_copy)
     ids = prompt_token_ids(target, prompt, prompt_ids)
     # the target's context may leave room for fewer tokens than asked: a run that fills it stops for that reason
     cut_by_context = target.max_length - len(ids) < max_new_tokens
@@ -94,20 +97,26 @@ def speculative_generate(target, drafter=None, prompt: str | None = None, prompt
     start = len(ids)                                             # position of the current anchor
     steps: list[StepRecord] = []
     stop = "eos" if tokens[-1] in eos else None
+    lookup = NgramLookup(min_copy, ids + tokens) if min_copy else None
 
     while stop is None and len(tokens) < max_new_tokens:
         anchor = tokens[-1]
         remaining = max_new_tokens - len(tokens)
         n = min(n_drafts, remaining - 1)   # the bonus token takes the last slot of the budget
-        if tree_nodes:
+        t0 = time.perf_counter()
+        copy = lookup.propose(n)[0] if lookup is not None and n > 0 else []
+        if tree_nodes and not copy:
             rec, new_feats = _tree_step(target, drafter, cache, draft_cache, pending, pending_start, anchor, start,
                                         n, tree_nodes, taps, eos, max_new_tokens - len(tokens), topk)
             if n > 0:
                 pending = None                     # the drafter has taken it into its cache
+            if lookup is not None:
+                lookup.feedback(rec.accepted, len(rec.draft_tokens), False)
         else:
-            t0 = time.perf_counter()
             draft = None
-            if n > 0:
+            if copy:                               # the text repeats itself: verify the copy, skip the drafter
+                drafts = torch.tensor(copy, device=dev)
+            elif n > 0:
                 seq = ids + tokens                 # token at every position so far (eagle pairs rows with them)
                 ctx_ids = torch.tensor([seq[pending_start:start]], device=dev) if pending is not None else None
                 draft = drafter.draft(pending[None] if pending is not None else None, pending_start,
@@ -127,16 +136,21 @@ def speculative_generate(target, drafter=None, prompt: str | None = None, prompt
                 acc, nxt = (int(x) for x in sampling.greedy_accept(drafts[None], logits[None]))
             else:
                 p = sampling.warp_probs(logits, temperature, top_p)
-                acc, nxt = sampling.rejection_accept(drafts, draft.q[0, : len(drafts)] if draft is not None else p[:0],
-                                                     p, gen)
+                if draft is not None:
+                    q = draft.q[0, : len(drafts)]
+                else:                              # copied (or no) drafts: q is the point mass on each token
+                    q = torch.zeros(len(drafts), p.shape[-1], dtype=p.dtype, device=dev).scatter_(1, drafts[:, None], 1.0)
+                acc, nxt = sampling.rejection_accept(drafts, q, p, gen)
             t2 = time.perf_counter()
 
+            if lookup is not None:
+                lookup.feedback(acc, len(drafts), bool(copy))
             committed, acc, bonus = sampling.commit(drafts[:acc].tolist(), nxt, eos, max_new_tokens - len(tokens))
             # Target cache: it now holds start + n + 1 positions; keep the anchor and the accepted drafts.
             cache.crop(-(len(drafts) - acc))
             new_feats = out.features[0, : acc + 1] if taps is not None else None
             rec = StepRecord(start=start, anchor=anchor, draft_tokens=drafts.tolist(), accepted=acc, bonus=bonus,
-                             committed=committed, draft_time_s=t1 - t0, verify_time_s=t2 - t1)
+                             committed=committed, draft_time_s=t1 - t0, verify_time_s=t2 - t1, copied=bool(copy))
             rec.target_topk_ids, rec.target_topk_logits = _topk(logits, topk)
             if draft is not None:
                 rec.base_topk_ids = draft.base_topk[0][0].tolist()
@@ -150,6 +164,8 @@ def speculative_generate(target, drafter=None, prompt: str | None = None, prompt
             pending_start = start + rec.accepted + 1 - pending.shape[0]
         steps.append(rec)
         tokens.extend(rec.committed)
+        if lookup is not None:
+            lookup.extend(rec.committed)
         start += rec.accepted + 1
         if on_step is not None:
             on_step(rec)
@@ -175,6 +191,12 @@ def check_tree_mode(drafter, temperature: float) -> None:
         raise UserError("tree verification is greedy only (temperature 0): the tree holds the drafter's most "
                         "probable branches, not samples, so sampling over it would not be lossless; use "
                         "temperature 0 or tree nodes 0 (chain verification, exact at any temperature)")
+
+
+def check_lookup_mode(drafter, lookup: int) -> None:
+    """Lookup drafting copies text in place of a drafter's block (or tree): it needs a drafter."""
+    if lookup and drafter is None:
+        raise UserError("lookup drafting copies text in place of a drafter's block; give a drafter or set lookup 0")
 
 
 def _tree_step(target, drafter, cache, draft_cache, pending, pending_start, anchor, start, n, tree_nodes, taps, eos,

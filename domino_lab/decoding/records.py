@@ -30,6 +30,7 @@ class StepRecord:
     tree_tokens: list[int] | None = None      # the token of every drafted node
     tree_parents: list[int] | None = None     # each node's parent node index; -1 = the anchor
     tree_path: list[int] | None = None        # node indices of the accepted path, anchor side first
+    copied: bool = False          # the drafts were copied from earlier text (lookup drafting), not drafted
 
     @property
     def acceptance_length(self) -> int:

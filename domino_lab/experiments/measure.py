@@ -11,15 +11,24 @@ QUICK_EVAL = {"limit": 2, "max_new_tokens": 16}
 
 
 def load_variant(v: Variant, run: TrainedRun, target, cache: dict):
-    """The drafter a variant evaluates: the run's weights, head on/off, FR-Spec restricted to K tokens."""
+    """The drafter a variant evaluates: the run's weights, head on/off, FR-Spec restricted to K tokens, lookup
+    drafting on or off."""
+    import copy
+    import dataclasses
+
     from ..models import load_drafter
     from ..data.regenerate import frequent_tokens_from_dataset
     from ..models.frspec import restrict
 
-    key = (run.path, v.head, v.frspec_k)
+    key = (run.path, v.head, v.frspec_k, v.lookup)
+    if v.lookup and key not in cache:
+        # the same weights with other options: a shallow copy shares the parameters, only `options` differs
+        d = copy.copy(load_variant(dataclasses.replace(v, lookup=0), run, target, cache))
+        d.options = dataclasses.replace(d.options, lookup=v.lookup)
+        cache[key] = d
     if key not in cache:
-        base = cache.get((run.path, True, 0)) or load_drafter(run.path, target)
-        cache[(run.path, True, 0)] = base
+        base = cache.get((run.path, True, 0, 0)) or load_drafter(run.path, target)
+        cache[(run.path, True, 0, 0)] = base
         d = base
         if v.frspec_k:
             data = run.config.get("data", {}).get("path")

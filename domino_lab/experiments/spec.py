@@ -35,6 +35,7 @@ class Variant:
     run: str | None = None
     head: bool = True                  # False: the same weights with the Domino head switched off
     frspec_k: int = 0                  # > 0: draft among the K most frequent training tokens (training-free FR-Spec)
+    lookup: int = 0                    # > 0: lookup drafting with this shortest match (InferenceOptions.lookup)
     sets: list[str] | None = None      # restrict to these sets / temperatures / seeds (None: all of the run's)
     temperatures: list[float] | None = None
     seeds: list[int] | None = None
@@ -129,10 +130,11 @@ def validate(spec: ExperimentSpec, where: str) -> None:
         if v.run is not None and v.run not in runs:
             raise UserError(f"{where}: variant '{v.name}' uses run '{v.run}', which is not under runs: "
                             f"{sorted(runs)}")
-        if v.run is None and (not v.head or v.frspec_k):
-            raise UserError(f"{where}: variant '{v.name}' has no run (the target alone) but sets head/frspec_k")
-        if v.frspec_k < 0:
-            raise UserError(f"{where}: variant '{v.name}': frspec_k must be >= 0")
+        if v.run is None and (not v.head or v.frspec_k or v.lookup):
+            raise UserError(f"{where}: variant '{v.name}' has no run (the target alone) but sets "
+                            "head/frspec_k/lookup")
+        if v.frspec_k < 0 or v.lookup < 0:
+            raise UserError(f"{where}: variant '{v.name}': frspec_k and lookup must be >= 0")
     for s in spec.sets + [s for v in spec.variants for s in (v.sets or [])]:
         if s not in EVAL_SETS:
             raise UserError(f"{where}: unknown eval set '{s}'; use {list(EVAL_SETS)}")

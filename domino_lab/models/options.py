@@ -29,6 +29,10 @@ class InferenceOptions:
     # 0 = every draft. Each verified token costs target compute whether or not it is accepted, which on a CPU is
     # what decides low-acceptance prompts (docs/design.md#draft-length-cutoff).
     draft_cutoff: float = 0.0
+    # Lookup drafting (decoding/lookup.py): when the text's last `lookup` or more tokens occurred before, verify the
+    # tokens that followed them instead of the drafter's block or tree (the drafter skips that step); 0 = off.
+    # Exact at any temperature (docs/design.md#lookup-drafting).
+    lookup: int = 0
 
     def __post_init__(self):
         if self.head_impl not in HEAD_IMPLS:
@@ -37,6 +41,9 @@ class InferenceOptions:
             raise UserError(f"candidate pool must be >= 0 (0 = full vocabulary), got {self.candidate_pool}")
         if not 0.0 <= self.draft_cutoff < 1.0:
             raise UserError(f"draft cutoff must be in [0, 1) (0 = verify every draft), got {self.draft_cutoff}")
+        if self.lookup < 0:
+            raise UserError(f"lookup must be >= 0 (the shortest suffix match that drafts by copying; 0 = off), "
+                            f"got {self.lookup}")
         if self.block_size is not None and self.block_size < 1:
             raise UserError(f"block size must be >= 1, got {self.block_size}")
 
@@ -44,7 +51,7 @@ class InferenceOptions:
     def from_args(cls, args) -> "InferenceOptions":
         """From the flags `add_inference_args` defines (absent flags keep the defaults)."""
         kw = {k: getattr(args, k, None) for k in ("head_impl", "candidate_pool", "block_size", "full_vocab",
-                                               "draft_cutoff")}
+                                               "draft_cutoff", "lookup")}
         return cls(**{k: v for k, v in kw.items() if v is not None})
 
 
@@ -61,6 +68,9 @@ def add_inference_args(p, block_size: bool = False) -> None:
     p.add_argument("--draft-cutoff", type=float, default=None,
                    help="verify only the drafts whose estimated probability of being accepted as a prefix is at "
                         "least this (0 = all; chain verification)")
+    p.add_argument("--lookup", type=int, default=None, metavar="N",
+                   help="draft by copying when the text's last N+ tokens occurred before (the continuation of their "
+                        "latest occurrence replaces the drafter's block or tree; 0 = off, the default)")
     if block_size:
         p.add_argument("--block-size", type=int, default=None,
                        help="use at most this many slots of each block (default: all the drafter has)")

@@ -1,0 +1,119 @@
+"""Lookup drafting: copying the continuation of the text's own earlier n-grams. The index finds the latest, longest
+match and extends loops past the end; greedy decoding with it stays lossless on the shipped drafters and really
+copies; sampling stays exact (a copy is a draft from a point mass); misuse is one clear error."""
+import argparse
+
+import pytest
+
+from domino_lab import Drafter, Target, speculative_generate
+from domino_lab.data.eval_sets import load_eval_set
+from domino_lab.decoding.lookup import MAX_NGRAM, NgramLookup
+from domino_lab.errors import UserError
+from domino_lab.models import load_drafter
+from domino_lab.models.options import InferenceOptions, add_inference_args
+from core_helpers import tiny_target
+from test_sampling import exact_distribution, sample_many, tv
+
+
+def test_lookup_copies_the_latest_continuation_of_the_longest_suffix():
+    lk = NgramLookup(2, [5, 6, 7, 1, 5, 6, 8, 2, 9, 5, 6])
+    # suffix (5, 6) occurred twice before; the latest occurrence was followed by 8, 2, 9, ...
+    assert lk.propose(3) == ([8, 2, 9], 2)
+    lk.extend([7])
+    # now (5, 6, 7) matches at the start, a longer match than (6, 7) alone: copy what followed it there
+    assert lk.propose(2) == ([1, 5], 3)
+
+
+def test_lookup_repeats_a_loop_past_the_end_and_needs_min_ngram():
+    lk = NgramLookup(2, [3, 4, 1, 2, 1, 2])
+    toks, n = lk.propose(5)
+    assert toks == [1, 2, 1, 2, 1] and n == 2          # period 2, continued beyond the text
+    assert NgramLookup(3, [7, 1, 2, 8, 1, 2]).propose(4) == ([], 0)     # only a 2-token match: below min_ngram
+    assert NgramLookup(1, [9]).propose(3) == ([], 0)                     # nothing earlier to copy from
+
+
+def test_lookup_index_matches_a_brute_force_search():
+    import random
+
+    rng = random.Random(0)
+    seq = [rng.randrange(4) for _ in range(200)]
+    lk = NgramLookup(2)
+    for i, t in enumerate(seq):
+        lk.extend([t])
+        got, n = lk.propose(3)
+        want_n = 0
+        for m in range(min(MAX_NGRAM, i), 1, -1):      # longest suffix of seq[:i+1] seen earlier
+            suf = seq[i + 1 - m: i + 1]
+            starts = [s for s in range(0, i + 1 - m) if seq[s: s + m] == suf]
+            if starts:
+                want_n, s = m, starts[-1] + m
+                ext = seq[: i + 1]
+                for k in range(3):
+                    ext.append(ext[s + k])
+                assert got == ext[i + 1:], (i, m)
+                break
+        assert n == want_n, i
+
+
+def test_lookup_option_is_checked_and_parsed():
+    with pytest.raises(UserError, match="lookup must be >= 0"):
+        InferenceOptions(lookup=-1)
+    p = argparse.ArgumentParser()
+    add_inference_args(p)
+    assert InferenceOptions.from_args(p.parse_args(["--lookup", "3"])).lookup == 3
+    assert InferenceOptions.from_args(p.parse_args([])).lookup == 0
+
+
+@pytest.fixture(scope="module")
+def embedded():
+    t = Target.from_pretrained("default", dtype="float32")
+    prompts = [load_eval_set(s, limit=4)[i]["prompt"] for s in ("math", "humaneval", "unseen") for i in (0, 3)]
+    return t, prompts
+
+
+@pytest.mark.parametrize("spec", ["default", "default-dflash", "default-eagle"])
+def test_greedy_with_lookup_is_lossless_and_copies(embedded, spec):
+    t, prompts = embedded
+    d = load_drafter(spec, t, options=InferenceOptions(lookup=2))
+    copied = drafted = 0
+    for prompt in prompts:
+        plain = speculative_generate(t, None, prompt=prompt, max_new_tokens=64).token_ids
+        res = speculative_generate(t, d, prompt=prompt, max_new_tokens=64)
+        assert res.token_ids == plain, prompt
+        copied += sum(s.copied for s in res.steps)
+        drafted += sum(not s.copied for s in res.steps)
+    assert copied > 0 and drafted > 0, (copied, drafted)
+
+
+def test_lookup_with_tree_verification_is_lossless(embedded):
+    t, prompts = embedded
+    for spec in ("default", "default-dflash"):
+        d = load_drafter(spec, t, options=InferenceOptions(lookup=3))
+        kinds = set()
+        for prompt in prompts:
+            plain = speculative_generate(t, None, prompt=prompt, max_new_tokens=48).token_ids
+            res = speculative_generate(t, d, prompt=prompt, max_new_tokens=48, tree_nodes=16)
+            assert res.token_ids == plain, (spec, prompt)
+            kinds |= {(s.copied, s.tree_tokens is not None) for s in res.steps[:-1]}
+        assert kinds == {(True, False), (False, True)}, kinds    # copies verified as chains, other steps as trees
+
+
+def test_lookup_needs_a_drafter(embedded):
+    from domino_lab.decoding.engine import check_lookup_mode
+
+    with pytest.raises(UserError, match="give a drafter"):
+        check_lookup_mode(None, 3)
+    check_lookup_mode(None, 0)
+
+
+def test_sampling_with_lookup_matches_the_target_distribution():
+    t = tiny_target(vocab=5, layers=3, hidden=16, eos=None, logit_scale=60.0)
+    t.eos_token_ids = set()
+    prompt = [1, 2, 0, 1, 2]
+    exact = exact_distribution(t, prompt, 3, 1.0)
+    d = Drafter.untrained(t, "domino", seed=0, block_size=4).set_options(InferenceOptions(lookup=1))
+    kinds = {s.copied for seed in range(20) for s in speculative_generate(
+        t, d, prompt_ids=prompt, max_new_tokens=8, temperature=1.0, seed=seed).steps}
+    assert kinds == {True, False}           # both copied and drafted steps occur at T = 1
+    n = 1000
+    assert tv(sample_many(t, d, prompt, n), exact, n) < 0.08
