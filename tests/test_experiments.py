@@ -16,7 +16,7 @@ from domino_lab.experiments.__main__ import main
 from domino_lab.experiments.spec import available, load_spec, parse_spec
 
 ROOT = Path(__file__).resolve().parents[1]
-SPECS = ["head_ablation", "training_ablation", "block_size", "same_data", "sensitivity", "lookup"]
+SPECS = ["head_ablation", "training_ablation", "block_size", "same_data", "sensitivity", "lookup", "draft_layers"]
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +34,7 @@ def run_quick(work: Path, name: str) -> dict:
     return {"md": md, **data}
 
 
-def test_committed_specs_are_the_six_experiments():
+def test_committed_specs_are_the_seven_experiments():
     assert sorted(SPECS) == available()
     for n in SPECS:
         spec = load_spec(n)
