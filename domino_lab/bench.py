@@ -153,10 +153,9 @@ def bench_batched(b: Bench, prompts: list[dict], sizes: list[int], ref: dict | N
 
     ids = [b.target.encode(p["prompt"]) for p in prompts]
     # our decoders that batch (the head's cost shows at batch 1, so its variants are left out here; tree
-    # verification decodes one sequence at a time; the draft cutoff and lookup drafting are batch-1 chain options)
+    # verification decodes one sequence at a time; the draft cutoff is a batch-1 chain option)
     methods = [m for m in b.methods if (m == "ar" or (m in b.drafters and b.drafters[m].supports_batched
-                                                       and not b.drafters[m].options.draft_cutoff
-                                                       and not b.drafters[m].options.lookup))
+                                                       and not b.drafters[m].options.draft_cutoff))
                and m not in HEAD_VARIANTS and m not in TREE_METHODS]
     batched_generate(b.target, None, ids[:2], 4)                       # warm-up
     out: dict = {}

@@ -117,3 +117,17 @@ def test_sampling_with_lookup_matches_the_target_distribution():
     assert kinds == {True, False}           # both copied and drafted steps occur at T = 1
     n = 1000
     assert tv(sample_many(t, d, prompt, n), exact, n) < 0.08
+
+
+def test_batched_decoding_with_lookup_is_lossless_and_copies(embedded):
+    from domino_lab.decoding.batched import batched_generate
+
+    t, prompts = embedded
+    ids = [t.encode(p) for p in prompts]
+    plain = batched_generate(t, None, ids, 48)
+    alone = batched_generate(t, load_drafter("default", t), ids, 48)
+    res = batched_generate(t, load_drafter("default", t, options=InferenceOptions(lookup=3)), ids, 48)
+    assert res.token_ids == plain.token_ids == alone.token_ids
+    # the looping HumanEval prompt (index 3) commits more per step once its row copies
+    tau = [sum(a) / len(a) for a in (alone.acceptance_lengths[3], res.acceptance_lengths[3])]
+    assert tau[1] > tau[0] + 0.5, tau

@@ -16,6 +16,7 @@ from transformers import DynamicCache
 
 from .. import sampling
 from ..errors import UserError
+from .lookup import NgramLookup
 
 
 @dataclass
@@ -54,6 +55,7 @@ def batched_generate(target, drafter, prompts_ids: list[list[int]], max_new_toke
                         "cannot hold ragged rows); decode it one sequence at a time (speculative_generate)")
     taps = drafter.config.target_layer_ids if drafter is not None else None
     n_drafts = drafter.config.num_drafts if drafter is not None else 0
+    min_copy = drafter.options.lookup if drafter is not None else 0
     ar = torch.arange(width, device=dev)
 
     t_start = time.perf_counter()
@@ -69,6 +71,10 @@ def batched_generate(target, drafter, prompts_ids: list[list[int]], max_new_toke
     tokens = [[int(t)] for t in anchor]
     done = [tokens[r][-1] in eos or len(tokens[r]) >= budget[r] for r in range(b)]
     reasons = ["eos" if tokens[r][-1] in eos else full[r] for r in range(b)]
+    # lookup drafting per row: a row whose text repeats verifies the copy instead of its drafts (the batch's draft
+    # forward still runs, since the other rows share it)
+    lookups = [NgramLookup(min_copy, p + t) for p, t in zip(prompts_ids, tokens)] if min_copy else None
+    copied = [False] * b
     start = lens.clone()                                              # position of each row's anchor
     # target features not yet in the draft cache: [b, C, kH], their validity and positions [b, C]
     # (left pads get negative positions; they are masked anyway)
@@ -89,6 +95,12 @@ def batched_generate(target, drafter, prompts_ids: list[list[int]], max_new_toke
                                    key_valid=key_valid).tokens
             draft_valid = torch.cat([draft_valid, pending_valid], dim=1)
             pending = None
+            if lookups is not None:
+                for r in range(b):
+                    copy = [] if done[r] else lookups[r].propose(n)[0]
+                    copied[r] = bool(copy)
+                    if copy:
+                        drafts[r] = torch.tensor(copy, device=dev)
         else:
             drafts = torch.empty(b, 0, dtype=torch.long, device=dev)
         t1 = time.perf_counter()
@@ -111,6 +123,9 @@ def batched_generate(target, drafter, prompts_ids: list[list[int]], max_new_toke
                                               budget[r] - len(tokens[r]))
             tokens[r].extend(committed)
             lengths[r].append(len(committed))
+            if lookups is not None:
+                lookups[r].feedback(int(acc[r]), drafts.shape[1], copied[r])
+                lookups[r].extend(committed)
             if tokens[r][-1] in eos or len(tokens[r]) >= budget[r]:
                 done[r] = True
                 reasons[r] = "eos" if tokens[r][-1] in eos else full[r]
