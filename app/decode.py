@@ -53,19 +53,20 @@ class Request:
         if not 0.0 <= self.temperature <= 2.0:
             raise UserError("temperature must be between 0 and 2")
         check_seed(self.seed)
-        try:
-            self.tree_nodes = int(self.tree_nodes or 0)
-        except (TypeError, ValueError):
-            raise UserError("tree nodes must be a whole number (0 = chain verification)") from None
-        if not 0 <= self.tree_nodes <= MAX_TREE_NODES:
-            raise UserError(f"tree nodes must be between 0 (chain verification) and {MAX_TREE_NODES}")
-        try:
-            self.lookup = int(self.lookup or 0)
-        except (TypeError, ValueError):
-            raise UserError("lookup must be a whole number (0 = off)") from None
-        if not 0 <= self.lookup <= MAX_NGRAM:
-            raise UserError(f"lookup must be between 0 (off) and {MAX_NGRAM} tokens")
+        self.tree_nodes = _optional_count(self.tree_nodes, "tree nodes", "chain verification", MAX_TREE_NODES)
+        self.lookup = _optional_count(self.lookup, "lookup", "off", MAX_NGRAM)
         return self
+
+
+def _optional_count(value, name: str, zero_means: str, most: int) -> int:
+    """A whole number in [0, most] for a setting whose 0 turns a feature off (empty = 0)."""
+    try:
+        n = int(value or 0)
+    except (TypeError, ValueError):
+        raise UserError(f"{name} must be a whole number (0 = {zero_means})") from None
+    if not 0 <= n <= most:
+        raise UserError(f"{name} must be between 0 ({zero_means}) and {most}")
+    return n
 
 
 @dataclass

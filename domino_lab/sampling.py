@@ -62,21 +62,27 @@ def commit(accepted: list[int], bonus: int | None, eos: set[int] | frozenset[int
     return committed[:room], len(accepted), bonus
 
 
-def rejection_accept(drafts: torch.Tensor, q: torch.Tensor, p: torch.Tensor,
+def rejection_accept(drafts: torch.Tensor, q: torch.Tensor | None, p: torch.Tensor,
                      generator: torch.Generator | None = None) -> tuple[int, int]:
     """Standard speculative sampling (Leviathan et al.; Chen et al.).
 
     drafts [n] sampled from q [n, V]; p [n+1, V] the target's warped distributions. Accept d_i with
     probability min(1, p_i(d_i)/q_i(d_i)); on the first rejection draw from norm(max(p_i - q_i, 0)); if all
     are accepted draw the bonus from p_n. The committed tokens are then distributed exactly as the target's.
+    q None: the drafts were chosen deterministically (copied text), i.e. q_i is the point mass on d_i: accept
+    with probability p_i(d_i), else draw from p_i without d_i.
     """
     n = drafts.shape[0]
     for i in range(n):
         d = int(drafts[i])
         u = torch.rand((), generator=generator, device=p.device, dtype=p.dtype)
-        if u * q[i, d] <= p[i, d]:          # u < p/q without dividing by a tiny q
+        if u * (q[i, d] if q is not None else 1.0) <= p[i, d]:          # u < p/q without dividing by a tiny q
             continue
-        residual = (p[i] - q[i]).clamp_min(0)
+        if q is not None:
+            residual = (p[i] - q[i]).clamp_min(0)
+        else:
+            residual = p[i].clone()
+            residual[d] = 0
         total = residual.sum()
         dist = residual / total if total > 0 else p[i]
         return i, int(torch.multinomial(dist, 1, generator=generator))

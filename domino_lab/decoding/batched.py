@@ -124,8 +124,7 @@ def batched_generate(target, drafter, prompts_ids: list[list[int]], max_new_toke
             tokens[r].extend(committed)
             lengths[r].append(len(committed))
             if lookups is not None:
-                lookups[r].feedback(int(acc[r]), drafts.shape[1], copied[r])
-                lookups[r].extend(committed)
+                lookups[r].update(committed, int(acc[r]), drafts.shape[1], copied[r])
             if tokens[r][-1] in eos or len(tokens[r]) >= budget[r]:
                 done[r] = True
                 reasons[r] = "eos" if tokens[r][-1] in eos else full[r]

@@ -110,8 +110,6 @@ def speculative_generate(target, drafter=None, prompt: str | None = None, prompt
                                         n, tree_nodes, taps, eos, max_new_tokens - len(tokens), topk)
             if n > 0:
                 pending = None                     # the drafter has taken it into its cache
-            if lookup is not None:
-                lookup.feedback(rec.accepted, len(rec.draft_tokens), False)
         else:
             draft = None
             if copy:                               # the text repeats itself: verify the copy, skip the drafter
@@ -136,15 +134,11 @@ def speculative_generate(target, drafter=None, prompt: str | None = None, prompt
                 acc, nxt = (int(x) for x in sampling.greedy_accept(drafts[None], logits[None]))
             else:
                 p = sampling.warp_probs(logits, temperature, top_p)
-                if draft is not None:
-                    q = draft.q[0, : len(drafts)]
-                else:                              # copied (or no) drafts: q is the point mass on each token
-                    q = torch.zeros(len(drafts), p.shape[-1], dtype=p.dtype, device=dev).scatter_(1, drafts[:, None], 1.0)
-                acc, nxt = sampling.rejection_accept(drafts, q, p, gen)
+                # copied (or no) drafts: q None, the point mass on each token
+                acc, nxt = sampling.rejection_accept(drafts, draft.q[0, : len(drafts)] if draft is not None else None,
+                                                     p, gen)
             t2 = time.perf_counter()
 
-            if lookup is not None:
-                lookup.feedback(acc, len(drafts), bool(copy))
             committed, acc, bonus = sampling.commit(drafts[:acc].tolist(), nxt, eos, max_new_tokens - len(tokens))
             # Target cache: it now holds start + n + 1 positions; keep the anchor and the accepted drafts.
             cache.crop(-(len(drafts) - acc))
@@ -165,7 +159,7 @@ def speculative_generate(target, drafter=None, prompt: str | None = None, prompt
         steps.append(rec)
         tokens.extend(rec.committed)
         if lookup is not None:
-            lookup.extend(rec.committed)
+            lookup.update(rec.committed, rec.accepted, len(rec.draft_tokens), rec.copied)
         start += rec.accepted + 1
         if on_step is not None:
             on_step(rec)

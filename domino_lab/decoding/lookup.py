@@ -3,8 +3,8 @@
 A model drafter predicts; it does not copy. Small targets (and large ones on code) fall into loops and quote their
 prompt, and then the next tokens are already in the context: prompt lookup (an n-gram copier) drafts them exactly,
 where a trained drafter keeps guessing its training prior (docs/design.md#lookup-drafting). The engine asks
-`NgramLookup.propose` before every chain step and, when the suffix match is long enough, verifies the copy instead
-of calling the drafter (which then skips that step: its context catches up at the next call).
+`NgramLookup.propose` before every step and, when the suffix match is long enough, verifies the copy instead of
+calling the drafter (which then skips that step: its context catches up at the next call); `update` after it.
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ class NgramLookup:
         if min_ngram < 1:
             raise ValueError("min_ngram must be >= 1")
         self.min_ngram = min_ngram
-        self.need = min_ngram              # the match length a copy currently needs (see `feedback`)
+        self.need = min_ngram              # the match length a copy currently needs (see `update`)
         self.adaptive = adaptive
         self._drafted = self._drafted_accepted = 0
         self.seq: list[int] = []
@@ -49,11 +49,13 @@ class NgramLookup:
             return out, n
         return [], 0
 
-    def feedback(self, accepted: int, proposed: int, copied: bool) -> None:
-        """After every verify step. A copy that committed fewer drafts than the drafter's steps do on average in
-        this text raises the match length the next copy needs by one; a copy accepted whole lowers it back toward
-        min_ngram. Text whose repeats do not continue the same way (math solutions reuse phrases, then differ)
-        thus stops overriding a drafter that predicts it well, while loops keep copying."""
+    def update(self, committed: list[int], accepted: int, proposed: int, copied: bool) -> None:
+        """After every verify step: index the committed tokens, and adapt the match length a copy needs. A copy
+        that committed fewer drafts than the drafter's steps do on average in this text raises it by one; a copy
+        accepted whole lowers it back toward min_ngram. Text whose repeats do not continue the same way (math
+        solutions reuse phrases, then differ) thus stops overriding a drafter that predicts it well, while loops
+        keep copying."""
+        self.extend(committed)
         if not copied:
             self._drafted += 1
             self._drafted_accepted += accepted
