@@ -16,7 +16,7 @@ from domino_lab import Drafter, Target, speculative_generate
 from domino_lab.decoding import tree as trees
 from domino_lab.errors import UserError, run_cli
 from domino_lab.models import load_drafter
-from core_helpers import make_target_dir
+from core_helpers import make_target_dir, tiny_target
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -149,7 +149,8 @@ def test_greedy_path_follows_the_target_and_returns_its_bonus():
 
 
 # ---------------------------------------------------------------------------------------------- the Domino branches
-def test_domino_branch_along_the_chain_has_the_chains_logits(target):
+@pytest.mark.parametrize("impl", ["fast", "fused"])
+def test_domino_branch_along_the_chain_has_the_chains_logits(target, impl):
     from domino_lab.models.domino_head import greedy_rollout
 
     d = Drafter.untrained(target, "domino", seed=3, block_size=6)
@@ -161,13 +162,64 @@ def test_domino_branch_along_the_chain_has_the_chains_logits(target):
     for pool in (0, 16):
         table, w_s, w1_h = d.head.fast_weights(E)
         tokens, logits, cols = greedy_rollout(table, w_s, w1_h, d.head.w2.weight, h, base, anchor, pool)
-        br = d.head.branches(h, base, anchor, E, pool)
+        br = d.head.branches(h, base, anchor, E, pool, impl=impl)
+        assert (br.fw is not None) == (impl == "fused")
         for level in range(6):     # the node at depth `level` has id level - 1 (-1: the anchor)
             args = (None, None) if level == 0 else ([tokens[0, level - 1].item()], [level - 2])
             _, ids, top = br.children(level, [level - 1], *args, k=3)
             assert ids[0, 0] == tokens[0, level]
             want = logits[0, level].topk(3).values if level else base[0, 0].topk(3).values
             torch.testing.assert_close(top[0], want.float(), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_fused_branches_score_what_the_torch_branches_score(target, dtype):
+    """The C++ level (head_kernel.cpp: branch_level) against the torch ops, level by level on the same random
+    tree: each node's state reads its own token into its parent's, its children are ranked alike (full vocabulary,
+    a pool, FR-Spec), and parents shared by several nodes are handled once each."""
+    tol = 1e-5                      # the torch path ranks children in float32 (sampling.top_children)
+    target = target if dtype == torch.float64 else tiny_target(vocab=100, hidden=32, dtype=dtype)
+    d = Drafter.untrained(target, "domino", seed=4, block_size=6)
+    E = target.embed_tokens.weight
+    g = torch.Generator().manual_seed(1)
+    h = torch.randn(1, 6, d.config.hidden_size, generator=g, dtype=dtype)
+    anchor = torch.tensor([9])
+    frspec = torch.sort(torch.randperm(target.vocab_size, generator=g)[:40]).values
+    for vocab_ids, pool in ((None, 0), (None, 16), (frspec, 0), (frspec, 8)):
+        base = d.lm_head(h) if vocab_ids is None else d.lm_head(h)[..., vocab_ids]
+        fast = d.head.branches(h, base, anchor, E, pool, vocab_ids, impl="fast")
+        fused = d.head.branches(h, base, anchor, E, pool, vocab_ids, impl="fused")
+        assert fused.fw is not None and fast.fw is None
+        torch.testing.assert_close(fused.states, fast.states, rtol=tol, atol=tol)
+        nodes, next_id = [-1], 0
+        for level in range(5):
+            if level:     # every node of the last level gets 1-3 children, some parents several
+                parents = [p for p in nodes for _ in range(1 + (p + level) % 3)]
+                tokens = torch.randint(0, target.vocab_size, (len(parents),), generator=g).tolist()
+                ids = list(range(next_id, next_id + len(parents)))
+                next_id += len(parents)
+            else:
+                parents = tokens = None
+                ids = [-1]
+            a = fast.children(level, ids, tokens, parents, 5)
+            b = fused.children(level, ids, tokens, parents, 5)
+            assert torch.equal(a[1], b[1]), (vocab_ids is not None, pool, level)
+            torch.testing.assert_close(b[0].float(), a[0].float(), rtol=tol, atol=tol)
+            torch.testing.assert_close(b[2].float(), a[2].float(), rtol=tol, atol=tol)
+            if level:
+                torch.testing.assert_close(fused.states, fast.states, rtol=tol, atol=tol)
+            nodes = ids
+
+
+def test_fused_branch_level_refuses_ids_out_of_range(target):
+    from domino_lab.models.head_kernel import fused_branch_level
+
+    d = Drafter.untrained(target, "domino", seed=4, block_size=6)
+    fw = d.head.fused_weights(target.embed_tokens.weight)
+    prev = torch.zeros(2, d.config.gru_hidden)
+    for parent, token in (([0], [target.vocab_size]), ([2], [3]), ([-2], [3])):
+        with pytest.raises(IndexError):
+            fused_branch_level(fw, prev, torch.tensor(parent), torch.tensor(token), None, None, None, 0)
 
 
 # ---------------------------------------------------------------------------------------------- losslessness

@@ -95,7 +95,7 @@ class BlockDrafter(Drafter):
         if not self.uses_head:
             return SlotMarginals(base[0], vm, base_top)
         return self.head.branches(h, base, anchor, self.target.embed_tokens.weight, self.options.candidate_pool,
-                                  vm, base_top)
+                                  vm, base_top, self.options.head_impl)
 
     @torch.no_grad()
     def block_logits(self, ctx_feats: torch.Tensor, start: int, anchor: int, prefix: list[int]) -> torch.Tensor:

@@ -28,7 +28,7 @@ from torch import nn
 
 from ..sampling import sample_from, top_children
 from .frspec import q_to_vocab, to_vocab
-from .head_kernel import FusedWeights, fused_greedy_rollout, prepare
+from .head_kernel import FusedWeights, fused_branch_level, fused_greedy_rollout, prepare
 
 
 @dataclass
@@ -170,9 +170,11 @@ class DominoHead(nn.Module):
 
     @torch.no_grad()
     def branches(self, h: torch.Tensor, base: torch.Tensor, anchor: torch.Tensor, embed_weight: torch.Tensor,
-                 pool: int = 0, vocab_ids: torch.Tensor | None = None, base_top=None) -> "Branches":
-        """The head along many branches of one block (tree drafting): h [1, n, H], base [1, n, V], anchor [1]."""
-        return Branches(self, h, base, anchor, embed_weight, pool, vocab_ids, base_top)
+                 pool: int = 0, vocab_ids: torch.Tensor | None = None, base_top=None, impl: str = "fast"
+                 ) -> "Branches":
+        """The head along many branches of one block (tree drafting): h [1, n, H], base [1, n, V], anchor [1].
+        impl "fused" steps each level in the C++ loop where it can run (else, and for any other impl, torch ops)."""
+        return Branches(self, h, base, anchor, embed_weight, pool, vocab_ids, base_top, impl)
 
     def _eager_rollout(self, h, base, anchor, embed_weight, n, temperature, top_p, generator, vocab_ids, topk
                        ) -> Rollout:
@@ -201,25 +203,39 @@ class DominoHead(nn.Module):
 class Branches:
     """Tree expander with the head: the children of a node at depth i are the corrected logits of draft i given the
     node's own path, `L^base_i + ΔL_i(h_i, S(anchor, path))`. Every branch keeps its own GRU state; one call steps
-    all branches of a level together (the fast path's tensors, batched over branches), so a tree of depth n costs
-    n − 1 batched head steps. Slot 0 is uncorrected, as in a chain. Scored on the same candidate pool as the chain's
-    rollout, so the branch that follows the pool argmax at every depth is the chain's draft.
+    all branches of a level together (one fused-loop call, or the fast path's ops batched over branches), so a tree
+    of depth n costs n − 1 batched head steps. Slot 0 is uncorrected, as in a chain. Scored on the same candidate
+    pool as the chain's rollout, so the branch that follows the pool argmax at every depth is the chain's draft.
 
     Unlike the chain's step, which projects every new state through [W1_S ; W_hh] at once, a branch's recurrent
     gates W_hh·S are computed only when the branch gets children of its own, once per distinct parent: most nodes
     of a best-first tree are leaves, and W_hh (3g × g) is most of the head's arithmetic."""
 
-    def __init__(self, head: DominoHead, h, base, anchor, embed_weight, pool, vocab_ids, base_top):
+    def __init__(self, head: DominoHead, h, base, anchor, embed_weight, pool, vocab_ids, base_top, impl="fast"):
         self.table, w_s, w1_h = head.fast_weights(embed_weight)
-        r = head.w1.out_features
-        self.w1s_t, self.whh_t = w_s[:, :r].contiguous(), w_s[:, r:].contiguous()
-        w2 = head.w2.weight if vocab_ids is None else head.w2.weight[vocab_ids]
-        self.hw, pool_ids, w2t, self.scores = _pool(h, w1_h, w2, base, pool)
-        self.w2t = w2t if pool_ids is None else w2t[0]           # [r, V] or the block's pool [r, K]
-        self.cols = _vocab_ids(pool_ids, vocab_ids, 1)           # vocabulary ids of the columns, or None
         self.base, self.vocab_ids, self.base_top = base[0], vocab_ids, base_top
+        # impl "fused": each level is one call of the C++ loop (head_kernel.cpp), as the chain's rollout is; a
+        # level in torch ops is ~20 small ops whose dispatch, not arithmetic, is its cost on a CPU
+        fw = head.fused_weights(embed_weight) if impl == "fused" and base.device.type == "cpu" else None
+        self.fw = fw if fw is not None and fw.dtype == base.dtype == h.dtype else None
+        if self.fw is not None:
+            self.hw = h[0] @ w1_h.t()                                       # [n, r]
+            pool_ids, scores = _pool_columns(base, pool)
+            self.scores = scores[0]                                          # [n, K]
+            cols = _vocab_ids(pool_ids, vocab_ids, 1)
+            self.cols = torch.arange(base.shape[-1], device=base.device) if cols is None else cols[0]
+            self.states = fused_branch_level(self.fw, h.new_empty(0, head.gru.hidden_size), torch.tensor([-1]),
+                                             anchor, None, None, None, 0)[0]
+        else:
+            r = head.w1.out_features
+            self.w1s_t, self.whh_t = w_s[:, :r].contiguous(), w_s[:, r:].contiguous()
+            w2 = head.w2.weight if vocab_ids is None else head.w2.weight[vocab_ids]
+            self.hw, pool_ids, w2t, self.scores = _pool(h, w1_h, w2, base, pool)
+            self.hw, self.scores = self.hw[0], self.scores[0]
+            self.w2t = w2t if pool_ids is None else w2t[0]           # [r, V] or the block's pool [r, K]
+            self.cols = _vocab_ids(pool_ids, vocab_ids, 1)           # vocabulary ids of the columns, or None
+            self.states = gru_cell(F.embedding(anchor, self.table), None, None)
         # the states of the last expanded level, one row per node id (-1 = the anchor, whose state has read it)
-        self.states = gru_cell(F.embedding(anchor, self.table), None, None)
         self.rows = {-1: 0}
 
     def children(self, level: int, ids: list[int], tokens: list[int] | None, parents: list[int] | None, k: int):
@@ -228,14 +244,19 @@ class Branches:
         if level == 0:                                         # draft 0 is uncorrected: the full base logits
             return top_children(self.base[0][None], k, self.vocab_ids)
         rows = torch.tensor([self.rows[g] for g in parents], device=self.states.device)
+        tok = torch.tensor(tokens, device=self.states.device)
+        self.rows = {g: r for r, g in enumerate(ids)}
+        if self.fw is not None:
+            self.states, logp, top_ids, top = fused_branch_level(self.fw, self.states, rows, tok, self.hw[level],
+                                                                 self.scores[level], self.cols, k)
+            return logp.float(), top_ids, top.float()           # as top_children ranks them
         uniq, inv = rows.unique(return_inverse=True)
         prev = self.states[uniq]
         gh = prev @ self.whh_t                                 # recurrent gates, once per distinct parent
-        tok = torch.tensor(tokens, device=prev.device)
         state = gru_cell(F.embedding(tok, self.table), gh[inv], prev[inv])     # has read the node's own token
-        u = F.silu(self.hw[0, level] + state @ self.w1s_t)
-        self.states, self.rows = state, {g: r for r, g in enumerate(ids)}
-        return top_children(self.scores[0, level] + u @ self.w2t, k, self.cols)
+        u = F.silu(self.hw[level] + state @ self.w1s_t)
+        self.states = state
+        return top_children(self.scores[level] + u @ self.w2t, k, self.cols)
 
 
 def _final_top(logits: torch.Tensor, ids: torch.Tensor | None, base_top, k: int):
@@ -272,14 +293,20 @@ def gru_cell(gi: torch.Tensor, gh: torch.Tensor | None, state: torch.Tensor | No
     return n + r_z[:, g:] * (state - n)
 
 
+def _pool_columns(base, pool: int):
+    """(pool ids [b, K] or None = every column, base logits over the pool [b, n, K]): the pool is the top-K of the
+    per-token max base logit over the block's slots."""
+    b, n, V = base.shape
+    if 0 < pool < V:
+        ids = base.amax(dim=1).topk(pool, dim=-1).indices
+        return ids, base.gather(-1, ids.unsqueeze(1).expand(b, n, pool))
+    return None, base
+
+
 def _pool(h, w1_h, w2, base, pool: int):
     """(W1_H . H for every slot [b, n, r], pool ids [b, K] or None, W2 rows to score, base logits over the pool)."""
-    b, n, V = base.shape
-    hw = h @ w1_h.t()
-    if 0 < pool < V:
-        ids = base.amax(dim=1).topk(pool, dim=-1).indices                   # top-K of the per-token max over slots
-        return hw, ids, w2[ids].transpose(1, 2), base.gather(-1, ids.unsqueeze(1).expand(b, n, pool))
-    return hw, None, w2.t(), base
+    ids, scores = _pool_columns(base, pool)
+    return h @ w1_h.t(), ids, (w2.t() if ids is None else w2[ids].transpose(1, 2)), scores
 
 
 def _step(tok, state, proj, table, w_s, hw_i, w2t, ids):

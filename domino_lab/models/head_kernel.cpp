@@ -178,6 +178,71 @@ int64_t rollout(int64_t b, int64_t n, int64_t Vd, int64_t K, int64_t g, int64_t 
     return 0;
 }
 
+// One level of tree drafting (domino_head.Branches): node i reads its own token into its parent's state (row
+// parent[i] of prev [np, g]; -1 = the zero state) and, when kt > 0, scores its children on the pool: the K columns'
+// final logits scores[k] + W2[cols[k]] . SiLU(hw + W1_S s_i), of which the kt largest come out as (vocabulary id,
+// logit, log-probability under the softmax over the K columns). W_hh s is computed once per distinct parent: most
+// nodes of a best-first tree are leaves whose parents are shared. Returns 0, or 1 for an index out of range.
+template <typename T>
+int64_t branch_level(int64_t m, int64_t np, int64_t g, int64_t r, int64_t K, int64_t V, int64_t kt, const T* prev,
+                     const int64_t* parent, const int64_t* tokens, const T* table, const T* w_s, const T* hw,
+                     const T* scores, const T* w2, const int64_t* cols, T* states, T* top_logp, int64_t* top_ids,
+                     T* top_vals) {
+    for (int64_t i = 0; i < m; ++i)
+        if (tokens[i] < 0 || tokens[i] >= V || parent[i] < -1 || parent[i] >= np) return 1;
+    for (int64_t k = 0; kt > 0 && k < K; ++k)
+        if (cols[k] < 0 || cols[k] >= V) return 1;
+    const int64_t C = r + 3 * g;
+    std::vector<T> gh(np * 3 * g), proj(r), u(r), logits(K);
+    std::vector<char> have(np, 0);
+    for (int64_t i = 0; i < m; ++i) {
+        const int64_t p = parent[i];
+        const T* gi = table + tokens[i] * 3 * g;
+        T* s = states + i * g;
+        if (p < 0) {                                 // zero previous state: the recurrent terms vanish
+#pragma omp simd
+            for (int64_t j = 0; j < g; ++j) {
+                const T nn = vtanh(gi[2 * g + j]);
+                s[j] = nn - sigmoid(gi[g + j]) * nn;
+            }
+        } else {
+            T* ghp = gh.data() + p * 3 * g;
+            const T* sp = prev + p * g;
+            if (!have[p]) { vecmat(sp, w_s + r, g, C, 3 * g, ghp, false); have[p] = 1; }
+#pragma omp simd
+            for (int64_t j = 0; j < g; ++j) {
+                const T rg = sigmoid(gi[j] + ghp[j]);
+                const T zg = sigmoid(gi[g + j] + ghp[g + j]);
+                const T nn = vtanh(gi[2 * g + j] + rg * ghp[2 * g + j]);
+                s[j] = nn + zg * (sp[j] - nn);
+            }
+        }
+        if (kt <= 0) continue;
+        vecmat(s, w_s, g, C, r, proj.data(), false);            // W1_S s: the leading r columns
+        for (int64_t j = 0; j < r; ++j) {
+            const T x = hw[j] + proj[j];
+            u[j] = x * sigmoid(x);
+        }
+        T mx = -INFINITY;
+        for (int64_t k = 0; k < K; ++k) {
+            const T* w = w2 + cols[k] * r;
+            T acc = T(0);
+#pragma omp simd reduction(+ : acc)
+            for (int64_t j = 0; j < r; ++j) acc += u[j] * w[j];
+            logits[k] = scores[k] + acc;
+            mx = logits[k] > mx ? logits[k] : mx;
+        }
+        double sum = 0.0;                            // log-sum-exp in double: ranking across parents uses it
+        for (int64_t k = 0; k < K; ++k) sum += std::exp(double(logits[k] - mx));
+        const T lse = mx + T(std::log(sum));
+        int64_t* ti = top_ids + i * kt;
+        T* tv = top_vals + i * kt;
+        top_small(logits.data(), K, kt, [&](int64_t k) { return cols[k]; }, ti, tv);
+        for (int64_t k = 0; k < kt; ++k) top_logp[i * kt + k] = tv[k] - lse;
+    }
+    return 0;
+}
+
 }  // namespace
 
 // The entry points head_kernel.py binds; all tensors contiguous: base [b, n, Vd], h [b, n, H], w1_h [r, H],
@@ -191,7 +256,19 @@ int64_t rollout(int64_t b, int64_t n, int64_t Vd, int64_t K, int64_t g, int64_t 
         return rollout<T>(b, n, Vd, K, g, r, H, V, kt, base, h, w1_h, table, w_s, w2, vmap, anchor, tokens,       \
                           finals, pool, top_ids, top_vals);                                                       \
     }
+// branch_level: prev [np, g], parent / tokens [m], hw [r], scores [K], cols [K] (vocabulary ids); out: states
+// [m, g], top_logp / top_ids / top_vals [m, kt].
+#define BRANCH_ENTRY(NAME, T)                                                                                      \
+    int64_t NAME(int64_t m, int64_t np, int64_t g, int64_t r, int64_t K, int64_t V, int64_t kt, const T* prev,     \
+                 const int64_t* parent, const int64_t* tokens, const T* table, const T* w_s, const T* hw,          \
+                 const T* scores, const T* w2, const int64_t* cols, T* states, T* top_logp, int64_t* top_ids,      \
+                 T* top_vals) {                                                                                    \
+        return branch_level<T>(m, np, g, r, K, V, kt, prev, parent, tokens, table, w_s, hw, scores, w2, cols,      \
+                               states, top_logp, top_ids, top_vals);                                               \
+    }
 extern "C" {
 DOMINO_ENTRY(domino_rollout_f32, float)
 DOMINO_ENTRY(domino_rollout_f64, double)
+BRANCH_ENTRY(domino_branches_f32, float)
+BRANCH_ENTRY(domino_branches_f64, double)
 }

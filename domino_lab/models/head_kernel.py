@@ -1,4 +1,5 @@
-"""head_impl = "fused": the Domino head's greedy rollout as one C++ loop on the CPU (head_kernel.cpp).
+"""head_impl = "fused": the Domino head's greedy rollout as one C++ loop on the CPU (head_kernel.cpp), and one level
+of tree drafting (every branch's GRU step and its children's ranking) as another.
 
 Why a hand-written loop: on 2 CPU cores the rollout is ~30 tiny tensor ops per slot, and their dispatch costs far
 more than their arithmetic. Measured on the embedded default inside decoding (block 8, K = 64): the torch-op fast
@@ -11,7 +12,8 @@ $DOMINO_LAB_CACHE/kernels (default ~/.cache/domino_lab/kernels), keyed by the so
 written to a temporary name and renamed into place; loaded with ctypes. No torch headers, so a build takes about
 a second (torch.utils.cpp_extension needs a minute). Where the loop cannot run (no compiler: warned once; a CUDA
 tensor; a dtype other than float32/float64) `prepare` / `fused_greedy_rollout` return None and the caller uses
-the torch path, whose drafts the loop matches.
+the torch path, whose drafts the loop matches (`domino_head.Branches` checks the same before using
+`fused_branch_level`).
 """
 from __future__ import annotations
 
@@ -35,6 +37,7 @@ SOURCE = Path(__file__).with_name("head_kernel.cpp")
 FLAG_SETS = (["-O3", "-march=native", "-fopenmp-simd", "-fno-trapping-math"], ["-O3"])
 COMMON = ["-std=c++17", "-shared", "-fPIC"]
 _FUNCS = {torch.float32: "domino_rollout_f32", torch.float64: "domino_rollout_f64"}
+_BRANCH_FUNCS = {torch.float32: "domino_branches_f32", torch.float64: "domino_branches_f64"}
 _lib: ctypes.CDLL | None | bool = None       # None: not tried yet; False: unavailable (warned once)
 
 
@@ -101,6 +104,10 @@ def library() -> ctypes.CDLL | None:
                 fn = getattr(lib, name)
                 fn.restype = ctypes.c_int64
                 fn.argtypes = [ctypes.c_int64] * 9 + [ctypes.c_void_p] * 13
+            for name in _BRANCH_FUNCS.values():
+                fn = getattr(lib, name)
+                fn.restype = ctypes.c_int64
+                fn.argtypes = [ctypes.c_int64] * 7 + [ctypes.c_void_p] * 13
             _lib = lib
         except (OSError, RuntimeError, subprocess.SubprocessError) as e:
             warnings.warn(f"head_impl='fused' unavailable ({e}); using 'fast' (same drafts, slower)")
@@ -160,3 +167,32 @@ def fused_greedy_rollout(fw: FusedWeights, h, base, anchor, pool: int, vocab_ids
              ids.data_ptr(), top_ids.data_ptr(), top_vals.data_ptr()):
         raise IndexError(f"anchor ids must lie in [0, {fw.sizes[3]}), got {anchor.tolist()}")
     return tokens, finals, (None if k == vd else ids), (top_ids, top_vals)
+
+
+def fused_branch_level(fw: FusedWeights, prev: torch.Tensor, parent: torch.Tensor, tokens: torch.Tensor,
+                       hw: torch.Tensor | None, scores: torch.Tensor | None, cols: torch.Tensor | None, kt: int):
+    """One level of tree drafting with the loop (domino_head.Branches): node i reads tokens[i] into the state of row
+    parent[i] of prev [np, g] (-1: the zero state); with kt > 0 it also scores its children on the K pool columns
+    (base `scores` [K], vocabulary ids `cols` [K], W1_H h of the level `hw` [r]). Returns (states [m, g], and for
+    kt > 0 the top-kt children per node: log-probabilities over the pool, vocabulary ids, logits, each [m, kt])."""
+    lib = library()
+    dtype = fw.dtype
+    g, r, _, V = fw.sizes
+    m, K = tokens.shape[0], (0 if cols is None else cols.shape[0])
+    kt = max(0, min(kt, K))
+    prev = prev.contiguous()
+    parent, tokens = parent.long().contiguous(), tokens.long().contiguous()
+    states = torch.empty(m, g, dtype=dtype)
+    top_logp, top_vals = torch.empty(m, kt, dtype=dtype), torch.empty(m, kt, dtype=dtype)
+    top_ids = torch.empty(m, kt, dtype=torch.long)
+    if kt:
+        hw, scores, cols = hw.to(dtype).contiguous(), scores.to(dtype).contiguous(), cols.long().contiguous()
+    _, table_p, w_s_p, w2_p = fw.ptrs
+    # every tensor the loop reads through an address is held by a local name until it returns
+    if getattr(lib, _BRANCH_FUNCS[dtype])(m, prev.shape[0], g, r, K, V, kt, prev.data_ptr(), parent.data_ptr(),
+                                          tokens.data_ptr(), table_p, w_s_p, hw.data_ptr() if kt else None,
+                                          scores.data_ptr() if kt else None, w2_p, cols.data_ptr() if kt else None,
+                                          states.data_ptr(), top_logp.data_ptr(), top_ids.data_ptr(),
+                                          top_vals.data_ptr()):
+        raise IndexError(f"token ids must lie in [0, {V}) and parent rows in [-1, {prev.shape[0]})")
+    return states, top_logp, top_ids, top_vals
