@@ -37,6 +37,7 @@ class Request:
     seed: int = 0
     tree_nodes: int = 0          # > 0: verify a draft tree of this many nodes per step (0 = the chain)
     lookup: int = 0              # > 0: copy repeats of the text's last >= this many tokens (lookup drafting)
+    tree_min_prob: float = 0.0   # > 0: tree nodes need at least this path probability under the drafter
 
     def checked(self) -> "Request":
         if not isinstance(self.prompt, str) or not self.prompt.strip():
@@ -55,6 +56,12 @@ class Request:
         check_seed(self.seed)
         self.tree_nodes = _optional_count(self.tree_nodes, "tree nodes", "chain verification", MAX_TREE_NODES)
         self.lookup = _optional_count(self.lookup, "lookup", "off", MAX_NGRAM)
+        try:
+            self.tree_min_prob = float(self.tree_min_prob or 0.0)
+        except (TypeError, ValueError):
+            raise UserError("tree min prob must be a number in [0, 1) (0 = fill the node budget)") from None
+        if not 0.0 <= self.tree_min_prob < 1.0:
+            raise UserError("tree min prob must be in [0, 1) (0 = fill the node budget)")
         return self
 
 
@@ -121,7 +128,7 @@ def stream(catalog, req: Request, min_interval: float = 0.05, measure_plain: boo
     """Yield a Snapshot after verify steps (at most every `min_interval` s) and a final one with the result."""
     req.checked()
     target = catalog.target(req.target)
-    drafter = catalog.drafter(req.target, req.drafter, req.head_on, req.lookup)
+    drafter = catalog.drafter(req.target, req.drafter, req.head_on, req.lookup, req.tree_min_prob)
     if req.tree_nodes:
         check_tree_mode(drafter, req.temperature)
     snap = Snapshot(req.target)
@@ -367,7 +374,7 @@ def record(snap: Snapshot, texts: Texts, req: Request) -> dict:
             steps[-1]["tree"] = {"tokens": s.tree_tokens, "parents": s.tree_parents, "path": s.tree_path}
     first = snap.token_ids[:1]
     return {"target": req.target, "drafter": req.drafter, "head": snap.head, "block_size": req.block_size,
-            "tree_nodes": req.tree_nodes, "lookup": req.lookup,
+            "tree_nodes": req.tree_nodes, "tree_min_prob": req.tree_min_prob, "lookup": req.lookup,
             "temperature": req.temperature, "prefill": first[0] if first else None, "steps": steps,
             "counters": counters(snap), "token_ids": snap.token_ids,
             "text": snap.result.text if snap.done else texts.target.decode(snap.token_ids)}

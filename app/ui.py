@@ -105,6 +105,9 @@ def build_demo(catalog: Catalog, examples: list[dict] | None = None, stream_inte
                         block, temp, max_tokens, seed = _knobs()
                         tree_n = gr.Slider(0, MAX_TREE_NODES, value=0, step=1, elem_id="tree-nodes",
                                            label="tree nodes (0 = chain; > 0 verifies a draft tree, greedy only)")
+                        tree_p = gr.Slider(0, 0.5, value=0, step=0.01, elem_id="tree-min-prob",
+                                           label="tree min prob (0 = fill the node budget; > 0 keeps only nodes "
+                                                 "the drafter gives at least this path probability)")
                         lookup_n = gr.Slider(0, MAX_NGRAM, value=0, step=1, elem_id="lookup",
                                              label="lookup (0 = off; N > 0 copies what followed an earlier "
                                                    "occurrence of the last N+ tokens instead of drafting)")
@@ -175,12 +178,14 @@ def build_demo(catalog: Catalog, examples: list[dict] | None = None, stream_inte
                                        label="selected runs", interactive=False)
 
         # ---------------------------------------------------------------- handlers
-        def decode(prompt, target, drafter, head, block, temp, max_tokens, seed, tree_nodes=0, lookup=0):
+        def decode(prompt, target, drafter, head, block, temp, max_tokens, seed, tree_nodes=0, lookup=0,
+                   tree_min_prob=0.0):
             try:
                 req = Request(prompt, target, drafter, bool(head), block, temp, max_tokens, seed,
-                              tree_nodes, lookup).checked()
+                              tree_nodes, lookup, tree_min_prob).checked()
                 texts = Texts(catalog.target(req.target))
-                catalog.drafter(req.target, req.drafter, req.head_on, req.lookup)   # a misfit fails here, early
+                # a misfit fails here, early
+                catalog.drafter(req.target, req.drafter, req.head_on, req.lookup, req.tree_min_prob)
                 wait = LEGEND + '<div class="chain empty">measuring plain decoding of this prompt…</div>'
                 yield (wait, "", "", None, gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip(),
                        tree_html(None, texts))
@@ -220,7 +225,7 @@ def build_demo(catalog: Catalog, examples: list[dict] | None = None, stream_inte
         def on_drafter(value):
             return gr.update(interactive=catalog.has_head(value))
 
-        ev = go.click(decode, [prompt, target, drafter, head, block, temp, max_tokens, seed, tree_n, lookup_n],
+        ev = go.click(decode, [prompt, target, drafter, head, block, temp, max_tokens, seed, tree_n, lookup_n, tree_p],
                       [chain, counters_box, text, rec_json, bars, state, insp, insp_json, step_n, pos_n, trees_box],
                       api_name="decode")
         stop.click(None, cancels=[ev])

@@ -3,6 +3,7 @@
     python experiments/tree.py                      # the shipped drafters, N = 8 16 32 64, writes experiments/results/tree.*
     python experiments/tree.py --quick --out /tmp/tree      # 2 prompts, 16 tokens, 1 round (a smoke test)
     python experiments/tree.py --drafter domino/s0=runs/a/best --drafter domino/s1=runs/b/best ...
+    python experiments/tree.py --drafter domino=default --drafter domino-p03=default@tree_min_prob=0.03
 
 Every configuration (plain decoding `ar`, each drafter as a chain, each drafter at each N) decodes the same prompts;
 τ is deterministic under greedy decoding, wall-clock is not, so the whole grid is decoded in `--rounds` interleaved
@@ -33,8 +34,9 @@ DEFAULT_DRAFTERS = ["domino=default", "dflash=default-dflash"]
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python experiments/tree.py", description=__doc__.splitlines()[0])
     p.add_argument("--target", default="default")
-    p.add_argument("--drafter", action="append", default=None, metavar="LABEL=SPEC",
-                   help="a block drafter to compare (repeat; `family/seed` labels are pooled per family); default: "
+    p.add_argument("--drafter", action="append", default=None, metavar="LABEL=SPEC[@key=value,...]",
+                   help="a block drafter to compare (repeat; `family/seed` labels are pooled per family; after @, "
+                        "inference options, e.g. domino-p03=default@tree_min_prob=0.03); default: "
                         + " ".join(DEFAULT_DRAFTERS))
     p.add_argument("--nodes", nargs="+", type=int, default=[8, 16, 32, 64], help="tree node budgets N")
     p.add_argument("--sets", nargs="+", default=["math", "humaneval", "code"])
@@ -56,21 +58,27 @@ def parse_args(argv=None) -> argparse.Namespace:
     if min(args.limit, args.max_new_tokens, args.rounds) < 1 or args.warmup < 0:
         raise UserError("--limit, --max-new-tokens and --rounds must be >= 1, --warmup >= 0")
     args.drafter = args.drafter or DEFAULT_DRAFTERS
+    from domino_lab.bench import with_options
+    from domino_lab.models.options import InferenceOptions
+
     labels = []
     for item in args.drafter:
         label, sep, spec = item.partition("=")
         if not sep or not label or not spec or label in labels or label == "ar":
             raise UserError(f"--drafter {item!r} must be LABEL=SPEC with a new label other than 'ar'")
+        with_options(InferenceOptions(), spec.partition("@")[2], item)      # bad options fail before any model loads
         labels.append(label)
     return args
 
 
 def run(args) -> dict:
     from domino_lab import Target, speculative_generate
+    from domino_lab.bench import with_options
     from domino_lab.data.eval_sets import load_eval_set
     from domino_lab.decoding.engine import check_tree_mode
     from domino_lab.decoding.metrics import StepTally
     from domino_lab.models import load_drafter
+    from domino_lab.models.options import InferenceOptions
     from domino_lab.target import use_decode_threads
 
     sets = {s: load_eval_set(s, limit=args.limit) for s in args.sets}        # bad names fail before any model loads
@@ -79,7 +87,8 @@ def run(args) -> dict:
     drafters = {}
     for item in args.drafter:
         label, _, spec = item.partition("=")
-        drafters[label] = load_drafter(spec, target)
+        spec, _, opts = spec.partition("@")
+        drafters[label] = load_drafter(spec, target, options=with_options(InferenceOptions(), opts, item))
         check_tree_mode(drafters[label], 0.0)          # an EAGLE chain (or anything else) fails here, early
     nodes = sorted(set(args.nodes))
     # configuration = (label, N); ("ar", 0) is plain decoding, N = 0 the chain

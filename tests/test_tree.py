@@ -16,6 +16,7 @@ from domino_lab import Drafter, Target, speculative_generate
 from domino_lab.decoding import tree as trees
 from domino_lab.errors import UserError, run_cli
 from domino_lab.models import load_drafter
+from domino_lab.models.options import InferenceOptions
 from core_helpers import make_target_dir, tiny_target
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -231,10 +232,27 @@ def test_untrained_block_drafters_are_lossless_on_the_tiny_target(target, method
     d = Drafter.untrained(target, method, seed=2, block_size=5, shift_label=shift)
     for p in PROMPTS:
         plain = speculative_generate(target, None, prompt_ids=p, max_new_tokens=14).token_ids
-        for n in (1, 8, 32, 64):
+        for n, p_min in ((1, 0), (8, 0), (32, 0), (64, 0), (32, 0.01), (32, 0.3)):
+            d.set_options(InferenceOptions(tree_min_prob=p_min))
             res = speculative_generate(target, d, prompt_ids=p, max_new_tokens=14, tree_nodes=n)
-            assert res.token_ids == plain, (method, shift, n, p)
+            assert res.token_ids == plain, (method, shift, n, p_min, p)
             assert res.target_forward_calls == len(res.steps) + 1
+            if p_min == 0.3:      # at most 3 paths can each hold 30% of the probability; siblings share it
+                assert all(sum(q == -1 for q in s.tree_parents) <= 3 for s in res.steps)
+
+
+def test_tree_min_prob_option():
+    import argparse
+
+    from domino_lab.models.options import add_inference_args
+
+    for bad in (-0.1, 1.0):
+        with pytest.raises(UserError, match="tree min prob"):
+            InferenceOptions(tree_min_prob=bad)
+    p = argparse.ArgumentParser()
+    add_inference_args(p)
+    assert InferenceOptions.from_args(p.parse_args(["--tree-min-prob", "0.05"])).tree_min_prob == 0.05
+    assert InferenceOptions.from_args(p.parse_args([])).tree_min_prob == 0.0
 
 
 @pytest.fixture(scope="module")
@@ -378,6 +396,10 @@ def test_dashboard_tree_view(default_target):
     assert Request("x", "default", "default", tree_nodes="8").checked().tree_nodes == 8
     with pytest.raises(UserError, match="tree nodes"):
         Request("x", "default", "default", tree_nodes=10_000).checked()
+    assert Request("x", "default", "default", tree_min_prob="0.05").checked().tree_min_prob == 0.05
+    for bad in (1.0, -0.1, "abc"):
+        with pytest.raises(UserError, match="tree min prob"):
+            Request("x", "default", "default", tree_min_prob=bad).checked()
 
 
 def test_tree_experiment_smoke(tmp_path):
@@ -386,10 +408,27 @@ def test_tree_experiment_smoke(tmp_path):
 
     with pytest.raises(UserError, match="--nodes"):
         experiment.parse_args(["--nodes", "0"])
+    with pytest.raises(UserError, match="tree min prob"):
+        experiment.parse_args(["--drafter", "d=default@tree_min_prob=2"])
     assert experiment.main(["--quick", "--limit", "1", "--sets", "math", "--nodes", "4", "--max-new-tokens", "6",
-                            "--drafter", "dflash=default-dflash", "--warmup", "0", "--out", str(tmp_path)]) == 0
+                            "--drafter", "dflash=default-dflash", "--drafter", "sure=default-dflash@tree_min_prob=0.5",
+                            "--warmup", "0", "--out", str(tmp_path)]) == 0
     data = json.loads((tmp_path / "tree.json").read_text())
     rows = data["summary"]["math"]
-    assert set(rows) == {"dflash@0", "dflash@4"} and all(r["lossless"] == r["prompts"] == 1 for r in rows.values())
+    assert set(rows) == {"dflash@0", "dflash@4", "sure@0", "sure@4"}
+    assert all(r["lossless"] == r["prompts"] == 1 for r in rows.values())
     assert (tmp_path / "tree.png").exists() and "| math | dflash | 4 |" in (tmp_path / "tree.md").read_text()
     assert not math.isnan(rows["dflash@4"]["tau"][0])
+
+
+def test_min_path_probability_keeps_the_likely_subtree():
+    """A floor on the path log-probability keeps exactly the nodes of the unfloored tree that reach it (the set
+    stays a tree, in the same order); a floor above every path leaves no tree at all."""
+    for seed in range(4):
+        full = trees.build_tree(PathExpander(12, seed), 24, 5)
+        floor = sorted(full.scores)[len(full) // 2]
+        cut = trees.build_tree(PathExpander(12, seed), 24, 5, min_logp=floor)
+        keep = [i for i, sc in enumerate(full.scores) if sc >= floor]
+        assert cut.tokens == [full.tokens[i] for i in keep] and cut.scores == [full.scores[i] for i in keep]
+        assert all(p < i for i, p in enumerate(cut.parents))
+        assert len(trees.build_tree(PathExpander(12, seed), 24, 5, min_logp=0.5)) == 0

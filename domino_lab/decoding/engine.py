@@ -6,6 +6,7 @@ verifies a draft tree per step instead of the chain (`_tree_step`, decoding/tree
 """
 from __future__ import annotations
 
+import math
 import time
 from typing import Callable
 
@@ -206,7 +207,8 @@ def _tree_step(target, drafter, cache, draft_cache, pending, pending_start, anch
     if n > 0:
         expander = drafter.tree_expander(pending[None] if pending is not None else None, pending_start,
                                          torch.tensor([anchor], device=dev), start, draft_cache, n=n, topk=topk)
-        tree = trees.build_tree(expander, tree_nodes, n, topk)
+        p_min = drafter.options.tree_min_prob
+        tree = trees.build_tree(expander, tree_nodes, n, topk, math.log(p_min) if p_min > 0 else -math.inf)
     t1 = time.perf_counter()
     verify_ids = torch.tensor([[anchor] + tree.tokens], device=dev)
     out = target.forward(verify_ids, cache=cache, taps=taps,

@@ -17,6 +17,7 @@ docs/design.md#tree-verification explains the method; in short:
 from __future__ import annotations
 
 import heapq
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -62,8 +63,9 @@ class Tree:
         return out
 
 
-def build_tree(expander, n_nodes: int, depth: int, topk: int = 5) -> Tree:
-    """The n_nodes most probable paths (prefix-closed) of at most `depth` drafts, built level by level.
+def build_tree(expander, n_nodes: int, depth: int, topk: int = 5, min_logp: float = -math.inf) -> Tree:
+    """The n_nodes most probable paths (prefix-closed) of at most `depth` drafts, built level by level; with
+    `min_logp`, only paths whose log-probability is at least that (fewer nodes when the drafter is sure).
 
     Why level by level is exact: a child's score (its path's log-probability) is never above its parent's, so once
     n_nodes known nodes beat a node, neither it nor any descendant can make the final set and it is dropped for good.
@@ -96,6 +98,9 @@ def build_tree(expander, n_nodes: int, depth: int, topk: int = 5) -> Tree:
                 i += 1
                 continue
             neg, r, j = heapq.heappop(heap)
+            if -neg < min_logp:      # the best candidate left is below the floor, so is every other: none joins
+                heap.clear()
+                continue
             row = 0 if shared else r
             merged.append(len(toks))
             toks.append(ids[row][j])

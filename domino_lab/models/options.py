@@ -33,6 +33,11 @@ class InferenceOptions:
     # tokens that followed them instead of the drafter's block or tree (the drafter skips that step); 0 = off.
     # Exact at any temperature (docs/design.md#lookup-drafting).
     lookup: int = 0
+    # Tree verification: keep only nodes whose path probability under the drafter is >= this (the tree then has at
+    # most --tree-nodes nodes, fewer when the drafter is sure); 0 = always fill the budget. Every node costs target
+    # compute whether or not it is accepted, which on a CPU can outweigh an unlikely node's chance
+    # (docs/design.md#tree-verification).
+    tree_min_prob: float = 0.0
 
     def __post_init__(self):
         if self.head_impl not in HEAD_IMPLS:
@@ -44,6 +49,8 @@ class InferenceOptions:
         if self.lookup < 0:
             raise UserError(f"lookup must be >= 0 (the shortest suffix match that drafts by copying; 0 = off), "
                             f"got {self.lookup}")
+        if not 0.0 <= self.tree_min_prob < 1.0:
+            raise UserError(f"tree min prob must be in [0, 1) (0 = fill the node budget), got {self.tree_min_prob}")
         if self.block_size is not None and self.block_size < 1:
             raise UserError(f"block size must be >= 1, got {self.block_size}")
 
@@ -51,7 +58,7 @@ class InferenceOptions:
     def from_args(cls, args) -> "InferenceOptions":
         """From the flags `add_inference_args` defines (absent flags keep the defaults)."""
         kw = {k: getattr(args, k, None) for k in ("head_impl", "candidate_pool", "block_size", "full_vocab",
-                                               "draft_cutoff", "lookup")}
+                                               "draft_cutoff", "lookup", "tree_min_prob")}
         return cls(**{k: v for k, v in kw.items() if v is not None})
 
 
@@ -71,6 +78,9 @@ def add_inference_args(p, block_size: bool = False) -> None:
     p.add_argument("--lookup", type=int, default=None, metavar="N",
                    help="draft by copying when the text's last N+ tokens occurred before (the continuation of their "
                         "latest occurrence replaces the drafter's block or tree; 0 = off, the default)")
+    p.add_argument("--tree-min-prob", type=float, default=None, metavar="P",
+                   help="tree verification: keep only nodes the drafter gives a path probability of at least P "
+                        "(0 = fill the --tree-nodes budget, the default)")
     if block_size:
         p.add_argument("--block-size", type=int, default=None,
                        help="use at most this many slots of each block (default: all the drafter has)")
