@@ -16,6 +16,7 @@ from domino_lab.decoding import GenerationResult, StepRecord, speculative_genera
 from domino_lab.decoding.engine import check_tree_mode
 from domino_lab.decoding.lookup import MAX_NGRAM
 from domino_lab.errors import UserError
+from domino_lab.models.options import InferenceOptions
 from domino_lab.validation import check_seed
 from domino_lab.decoding.metrics import StepTally
 
@@ -57,11 +58,10 @@ class Request:
         self.tree_nodes = _optional_count(self.tree_nodes, "tree nodes", "chain verification", MAX_TREE_NODES)
         self.lookup = _optional_count(self.lookup, "lookup", "off", MAX_NGRAM)
         try:
-            self.tree_min_prob = float(self.tree_min_prob or 0.0)
+            p_min = float(self.tree_min_prob or 0.0)
         except (TypeError, ValueError):
             raise UserError("tree min prob must be a number in [0, 1) (0 = fill the node budget)") from None
-        if not 0.0 <= self.tree_min_prob < 1.0:
-            raise UserError("tree min prob must be in [0, 1) (0 = fill the node budget)")
+        self.tree_min_prob = InferenceOptions(tree_min_prob=p_min).tree_min_prob     # the options' own range check
         return self
 
 

@@ -1,7 +1,6 @@
 """The draft-length cutoff: verify only the drafts likely to be accepted. Greedy stays lossless, sampling stays
 exact (how many drafts are verified depends on the drafter's own probabilities, never on the target), and the
 cutoff really shortens what is verified."""
-import argparse
 
 import pytest
 import torch
@@ -10,7 +9,7 @@ from domino_lab import Drafter, Target, speculative_generate
 from domino_lab.data.eval_sets import load_eval_set
 from domino_lab.errors import UserError
 from domino_lab.models import load_drafter
-from domino_lab.models.options import InferenceOptions, add_inference_args
+from domino_lab.models.options import InferenceOptions
 from domino_lab.sampling import confident_prefix
 from core_helpers import tiny_target
 from test_sampling import exact_distribution, sample_many, tv
@@ -24,15 +23,6 @@ def test_confident_prefix_keeps_the_likely_prefix():
     assert confident_prefix(logits, 0.3) == 4
     assert confident_prefix(logits, 0.95) == 1          # at least one draft is always verified
     assert confident_prefix(logits, 0.0) == 4
-
-
-def test_cutoff_option_is_checked_and_parsed():
-    with pytest.raises(UserError, match="draft cutoff"):
-        InferenceOptions(draft_cutoff=1.0)
-    p = argparse.ArgumentParser()
-    add_inference_args(p)
-    assert InferenceOptions.from_args(p.parse_args(["--draft-cutoff", "0.2"])).draft_cutoff == 0.2
-    assert InferenceOptions.from_args(p.parse_args([])).draft_cutoff == 0.0
 
 
 @pytest.fixture(scope="module")

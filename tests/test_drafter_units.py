@@ -1,4 +1,6 @@
 """The drafter's pieces against the equations of docs/design.md (#backbone, #domino-head)."""
+import argparse
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -7,6 +9,7 @@ from transformers import DynamicCache
 from domino_lab import Drafter, DrafterConfig
 from domino_lab.errors import UserError
 from domino_lab.models.backbone import block_attention_mask
+from domino_lab.models.options import InferenceOptions, add_inference_args
 from domino_lab.training.objective import sample_anchors
 from core_helpers import tiny_target
 
@@ -218,3 +221,19 @@ def test_config_validation():
         DrafterConfig(method="medusa")
     with pytest.raises(UserError, match="unknown key"):
         DrafterConfig.from_dict({"method": "domino", "bogus": 1})
+
+
+@pytest.mark.parametrize("field,bad,match,flag,value,default", [
+    ("lookup", [-1], "lookup must be >= 0", "--lookup", "3", 0),
+    ("draft_cutoff", [1.0], "draft cutoff", "--draft-cutoff", "0.2", 0.0),
+    ("tree_min_prob", [-0.1, 1.0], "tree min prob", "--tree-min-prob", "0.05", 0.0),
+])
+def test_inference_options_are_checked_and_parsed(field, bad, match, flag, value, default):
+    """Each option refuses an out-of-range value with one clear error and parses from its CLI flag."""
+    for b in bad:
+        with pytest.raises(UserError, match=match):
+            InferenceOptions(**{field: b})
+    p = argparse.ArgumentParser()
+    add_inference_args(p)
+    assert getattr(InferenceOptions.from_args(p.parse_args([flag, value])), field) == type(default)(value)
+    assert getattr(InferenceOptions.from_args(p.parse_args([])), field) == default

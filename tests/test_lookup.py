@@ -1,7 +1,6 @@
 """Lookup drafting: copying the continuation of the text's own earlier n-grams. The index finds the latest, longest
 match and extends loops past the end; greedy decoding with it stays lossless on the shipped drafters and really
 copies; sampling stays exact (a copy is a draft from a point mass); misuse is one clear error."""
-import argparse
 
 import pytest
 
@@ -10,7 +9,7 @@ from domino_lab.data.eval_sets import load_eval_set
 from domino_lab.decoding.lookup import MAX_NGRAM, NgramLookup
 from domino_lab.errors import UserError
 from domino_lab.models import load_drafter
-from domino_lab.models.options import InferenceOptions, add_inference_args
+from domino_lab.models.options import InferenceOptions
 from core_helpers import tiny_target
 from test_sampling import exact_distribution, sample_many, tv
 
@@ -53,15 +52,6 @@ def test_lookup_index_matches_a_brute_force_search():
                 assert got == ext[i + 1:], (i, m)
                 break
         assert n == want_n, i
-
-
-def test_lookup_option_is_checked_and_parsed():
-    with pytest.raises(UserError, match="lookup must be >= 0"):
-        InferenceOptions(lookup=-1)
-    p = argparse.ArgumentParser()
-    add_inference_args(p)
-    assert InferenceOptions.from_args(p.parse_args(["--lookup", "3"])).lookup == 3
-    assert InferenceOptions.from_args(p.parse_args([])).lookup == 0
 
 
 @pytest.fixture(scope="module")

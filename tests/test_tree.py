@@ -241,20 +241,6 @@ def test_untrained_block_drafters_are_lossless_on_the_tiny_target(target, method
                 assert all(sum(q == -1 for q in s.tree_parents) <= 3 for s in res.steps)
 
 
-def test_tree_min_prob_option():
-    import argparse
-
-    from domino_lab.models.options import add_inference_args
-
-    for bad in (-0.1, 1.0):
-        with pytest.raises(UserError, match="tree min prob"):
-            InferenceOptions(tree_min_prob=bad)
-    p = argparse.ArgumentParser()
-    add_inference_args(p)
-    assert InferenceOptions.from_args(p.parse_args(["--tree-min-prob", "0.05"])).tree_min_prob == 0.05
-    assert InferenceOptions.from_args(p.parse_args([])).tree_min_prob == 0.0
-
-
 @pytest.fixture(scope="module")
 def default_target():
     return Target.from_pretrained("default")

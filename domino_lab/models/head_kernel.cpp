@@ -31,6 +31,27 @@ template <> inline float vexp<float>(float x) {
 template <typename T> inline T sigmoid(T x) { return T(1) / (T(1) + vexp(-x)); }
 template <typename T> inline T vtanh(T x) { return T(2) / (T(1) + vexp(T(-2) * x)) - T(1); }
 
+// One bias-free GRU step in PyTorch's gate order (r, z, n) from input gates gi = W_ih x [3g] and recurrent gates
+// gh = W_hh s_prev [3g]: s = n + z (s_prev - n). gh == nullptr is the zero previous state (the recurrent terms
+// vanish). `s` may alias `s_prev`.
+template <typename T> inline void gru_step(const T* gi, const T* gh, const T* s_prev, T* s, int64_t g) {
+    if (gh == nullptr) {
+#pragma omp simd
+        for (int64_t j = 0; j < g; ++j) {
+            const T nn = vtanh(gi[2 * g + j]);
+            s[j] = nn - sigmoid(gi[g + j]) * nn;
+        }
+        return;
+    }
+#pragma omp simd
+    for (int64_t j = 0; j < g; ++j) {
+        const T rg = sigmoid(gi[j] + gh[j]);
+        const T zg = sigmoid(gi[g + j] + gh[g + j]);
+        const T nn = vtanh(gi[2 * g + j] + rg * gh[2 * g + j]);
+        s[j] = nn + zg * (s_prev[j] - nn);
+    }
+}
+
 // The k largest of m[0..V) as indices, in descending order of value (a min-heap of size k, then heap-sort).
 template <typename T> void topk_desc(const T* m, int64_t V, int64_t k, int64_t* idx, T* val) {
     auto sift = [&](int64_t i, int64_t size) {
@@ -134,23 +155,10 @@ int64_t rollout(int64_t b, int64_t n, int64_t Vd, int64_t K, int64_t g, int64_t 
         T* F = finals + bi * n * K;
         for (int64_t k = 0; k < K; ++k) F[k] = B[col(k)];
         // the state that has consumed the anchor (zero previous state: the recurrent terms vanish)
-        const T* gi = table + anchor[bi] * 3 * g;
-#pragma omp simd
-        for (int64_t j = 0; j < g; ++j) {
-            const T nn = vtanh(gi[2 * g + j]);
-            s[j] = nn - sigmoid(gi[g + j]) * nn;
-        }
+        gru_step<T>(table + anchor[bi] * 3 * g, nullptr, nullptr, s, g);
         vecmat(s, w_s, g, C, n > 1 ? C : r, proj, false);
         for (int64_t i = 1; i < n; ++i) {
-            gi = table + tok * 3 * g;                                   // feed the previous draft
-            const T* gh = proj + r;                                     // W_hh s, PyTorch gate order r, z, n
-#pragma omp simd
-            for (int64_t j = 0; j < g; ++j) {
-                const T rg = sigmoid(gi[j] + gh[j]);
-                const T zg = sigmoid(gi[g + j] + gh[g + j]);
-                const T nn = vtanh(gi[2 * g + j] + rg * gh[2 * g + j]);
-                s[j] = nn + zg * (s[j] - nn);
-            }
+            gru_step(table + tok * 3 * g, proj + r, s, s, g);           // feed the previous draft; W_hh s = proj[r:]
             vecmat(s, w_s, g, C, i + 1 < n ? C : r, proj, i % 2 == 1);
             const T* hi = h + (bi * n + i) * H;                         // u = SiLU(W1_H h_i + W1_S s)
             for (int64_t j = 0; j < r; ++j) {
@@ -199,23 +207,13 @@ int64_t branch_level(int64_t m, int64_t np, int64_t g, int64_t r, int64_t K, int
         const int64_t p = parent[i];
         const T* gi = table + tokens[i] * 3 * g;
         T* s = states + i * g;
-        if (p < 0) {                                 // zero previous state: the recurrent terms vanish
-#pragma omp simd
-            for (int64_t j = 0; j < g; ++j) {
-                const T nn = vtanh(gi[2 * g + j]);
-                s[j] = nn - sigmoid(gi[g + j]) * nn;
-            }
+        if (p < 0) {
+            gru_step<T>(gi, nullptr, nullptr, s, g);
         } else {
             T* ghp = gh.data() + p * 3 * g;
             const T* sp = prev + p * g;
             if (!have[p]) { vecmat(sp, w_s + r, g, C, 3 * g, ghp, false); have[p] = 1; }
-#pragma omp simd
-            for (int64_t j = 0; j < g; ++j) {
-                const T rg = sigmoid(gi[j] + ghp[j]);
-                const T zg = sigmoid(gi[g + j] + ghp[g + j]);
-                const T nn = vtanh(gi[2 * g + j] + rg * ghp[2 * g + j]);
-                s[j] = nn + zg * (sp[j] - nn);
-            }
+            gru_step<T>(gi, ghp, sp, s, g);
         }
         if (kt <= 0) continue;
         vecmat(s, w_s, g, C, r, proj.data(), false);            // W1_S s: the leading r columns
