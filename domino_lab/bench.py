@@ -255,7 +255,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also bench this drafter as method LABEL (repeat): a checkpoint dir or shipped name of any "
                         "registered method, or untrained:METHOD; after @, inference options of this label only, "
                         "e.g. domino-cut=default@draft_cutoff=0.2")
-    from .models.options import add_inference_args
+    from .models.options import BATCH_DRAFTS, add_inference_args
     add_inference_args(p)
     p.add_argument("--tree-nodes", type=int, default=DEFAULT_TREE_NODES, metavar="N",
                    help=f"node budget of the dflash-tree and domino-tree methods (default {DEFAULT_TREE_NODES})")
@@ -272,6 +272,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tracking-uri", default=None)
     p.add_argument("--batch-sizes", nargs="*", type=int, default=[],
                    help="also measure batched decoding (ar and our drafters) at these batch sizes, e.g. 1 2 4 8 16")
+    p.add_argument("--batch-drafts", default=None, choices=BATCH_DRAFTS,
+                   help="batched decoding: verify an adaptive number of drafts per step (the default: as many as pay "
+                        "for their compute at the acceptance measured so far; 0 = a plain step) or the whole block; "
+                        "per label: LABEL=SPEC@batch_drafts=all")
     p.add_argument("--project", default=None, metavar="REGIME_JSON",
                    help="also project each drafter's measured τ onto the target shapes of a regime map "
                         "(experiments/results/regime_map.json): bound = τ · t_step / (t_draft + t_verify) with that "

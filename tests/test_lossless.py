@@ -124,8 +124,11 @@ def test_a_full_context_is_its_own_stop_reason():
 
 
 # ---- batched decoding: ragged acceptance through cache holes ----------------------------------------
+@pytest.mark.parametrize("drafts", ["all", "adaptive"])
 @pytest.mark.parametrize("method", [None, "dflash", "domino"])
-def test_batched_equals_per_sequence(target, plain, trained, method):
+def test_batched_equals_per_sequence(target, plain, trained, method, drafts):
+    """Every row equals its own greedy decoding, whether each step verifies the whole block or the adaptive count
+    (plain steps included), and rows that finish early leave the batch."""
     from domino_lab.decoding.batched import batched_generate
 
     d = trained[method, True] if method else None
@@ -133,7 +136,7 @@ def test_batched_equals_per_sequence(target, plain, trained, method):
     for bs in (1, 5, 12):
         for i in range(0, len(prompts), bs):
             batch = prompts[i:i + bs]
-            res = batched_generate(target, d, batch, max_new_tokens=24)
+            res = batched_generate(target, d, batch, max_new_tokens=24, drafts=drafts)
             for p, toks in zip(batch, res.token_ids):
                 assert toks == plain[tuple(p)], (method, bs, p)
             if d is not None and bs > 1:

@@ -3,8 +3,10 @@
 Every row drafts a block and the whole batch is verified in one target forward. Rows accept different
 numbers of drafts, so instead of cropping per row (a cache has one length) the rejected slots stay in
 the caches as *holes*: an attention mask hides them from every later query, and explicit position ids
-give each row its own positions. Slots rejected by every row are cropped. `drafter=None` is batched
-plain decoding through the same code. Greedy only: each row's output equals its own greedy decoding.
+give each row its own positions. Slots rejected by every row are cropped, and rows that finish leave the batch.
+How many drafts a step verifies is the adaptive count of decoding/adaptive.py by default
+(docs/design.md#adaptive-batched-drafts). `drafter=None` is batched plain decoding through the same code. Greedy
+only: each row's output equals its own greedy decoding.
 """
 from __future__ import annotations
 
@@ -16,6 +18,8 @@ from transformers import DynamicCache
 
 from .. import sampling
 from ..errors import UserError
+from ..models.options import BATCH_DRAFTS
+from .adaptive import DraftCount
 from .lookup import NgramLookup
 
 
@@ -35,11 +39,20 @@ class BatchResult:
 
 
 @torch.no_grad()
-def batched_generate(target, drafter, prompts_ids: list[list[int]], max_new_tokens: int = 128) -> BatchResult:
+def batched_generate(target, drafter, prompts_ids: list[list[int]], max_new_tokens: int = 128,
+                     drafts: str | None = None) -> BatchResult:
+    """Greedy decoding of every prompt, batched; each row's output equals its own greedy decoding.
+
+    drafts: how many drafts each step verifies, "all" (the drafter's whole block) or "adaptive" (the count that
+    maximises measured tokens per second, decoding/adaptive.py; 0 = a plain step); None = the drafter's
+    `batch_drafts` inference option. Rows that finish leave the batch, so they cost nothing afterwards."""
     if not prompts_ids or any(len(p) == 0 for p in prompts_ids):
         raise UserError("every prompt of the batch needs at least one token")
     if max_new_tokens < 1:
         raise UserError("max_new_tokens must be >= 1")
+    drafts = drafts or (drafter.options.batch_drafts if drafter is not None else "all")
+    if drafts not in BATCH_DRAFTS:
+        raise UserError(f"unknown batch drafts policy '{drafts}'; use one of {list(BATCH_DRAFTS)}")
     dev, b = target.device, len(prompts_ids)
     lens = torch.tensor([len(p) for p in prompts_ids], device=dev)
     width = int(lens.max())
@@ -72,59 +85,85 @@ def batched_generate(target, drafter, prompts_ids: list[list[int]], max_new_toke
     done = [tokens[r][-1] in eos or len(tokens[r]) >= budget[r] for r in range(b)]
     reasons = ["eos" if tokens[r][-1] in eos else full[r] for r in range(b)]
     # lookup drafting per row: a row whose text repeats verifies the copy instead of its drafts (the batch's draft
-    # forward still runs, since the other rows share it)
+    # forward still runs for the other rows, unless every row copies)
     lookups = [NgramLookup(min_copy, p + t) for p, t in zip(prompts_ids, tokens)] if min_copy else None
     copied = [False] * b
     start = lens.clone()                                              # position of each row's anchor
-    # target features not yet in the draft cache: [b, C, kH], their validity and positions [b, C]
-    # (left pads get negative positions; they are masked anyway)
-    pending, pending_valid, pending_pos = out.features, valid, ar[None] - (width - lens)[:, None]
+    # target features not yet in the draft cache, as chunks (features [b, C, kH], validity and positions [b, C];
+    # left pads get negative positions, masked anyway), one per step since the last draft, joined when one runs
+    pending = [(out.features, valid, ar[None] - (width - lens)[:, None])] if taps is not None else []
     draft_cache = DynamicCache() if drafter is not None else None
     draft_valid = torch.zeros(b, 0, dtype=torch.bool, device=dev)
     lengths: list[list[int]] = [[] for _ in range(b)]
     steps, t_draft, t_verify = 0, 0.0, 0.0
+    policy = DraftCount(n_drafts) if drafts == "adaptive" and n_drafts else None
+    # live[i] = the prompt index of batch row i; a row that finishes is dropped from every per-row tensor and
+    # cache, so a long-running row does not drag the finished ones through its remaining steps
+    live = list(range(b))
 
-    while not all(done):
-        remaining = max(budget[r] - len(tokens[r]) for r in range(b) if not done[r])
-        n = min(n_drafts, remaining - 1)
+    while True:
+        rows = [i for i, r in enumerate(live) if not done[r]]
+        if len(rows) < len(live):                                     # drop the rows that finished
+            live = [live[i] for i in rows]
+            if not live:
+                break
+            sel = torch.tensor(rows, device=dev)
+            cache.batch_select_indices(sel)
+            valid, anchor, start = valid[sel], anchor[sel], start[sel]
+            if draft_cache is not None:
+                draft_cache.batch_select_indices(sel)
+                draft_valid = draft_valid[sel]
+            pending = [tuple(x[sel] for x in chunk) for chunk in pending]
+        room = max(budget[r] - len(tokens[r]) for r in live) - 1     # the bonus token takes the last slot
+        n = min(n_drafts, room)
+        taken = sum(c[0].shape[1] for c in pending)                  # context positions the next draft takes in
+        copies = [lookups[r].propose(n)[0] for r in live] if lookups is not None and n > 0 else None
+        # every row repeats itself: verify the copies and leave the drafter out (its context waits)
+        copy_only = copies is not None and all(copies)
+        if policy is not None and not copy_only:
+            n = policy.choose(len(live), n, taken)
         t0 = time.perf_counter()
-        if n > 0:
-            block = torch.ones(b, drafter.config.block_size, dtype=torch.bool, device=dev)
-            key_valid = torch.cat([draft_valid, pending_valid, block], dim=1)
-            drafts = drafter.draft(pending, pending_pos, anchor, start, draft_cache, n=n,
-                                   key_valid=key_valid).tokens
-            draft_valid = torch.cat([draft_valid, pending_valid], dim=1)
-            pending = None
-            if lookups is not None:
-                for r in range(b):
-                    copy = [] if done[r] else lookups[r].propose(n)[0]
-                    copied[r] = bool(copy)
-                    if copy:
-                        drafts[r] = torch.tensor(copy, device=dev)
+        if copy_only:
+            drafted = torch.tensor(copies, device=dev)
+        elif n > 0:
+            block = torch.ones(len(live), drafter.config.block_size, dtype=torch.bool, device=dev)
+            feats, feats_valid, feats_pos = (torch.cat(x, dim=1) for x in zip(*pending))
+            key_valid = torch.cat([draft_valid, feats_valid, block], dim=1)
+            drafted = drafter.draft(feats, feats_pos, anchor, start, draft_cache, n=n, key_valid=key_valid).tokens
+            draft_valid = torch.cat([draft_valid, feats_valid], dim=1)
+            pending = []
+            for i, copy in enumerate(copies or []):
+                if copy:
+                    drafted[i] = torch.tensor(copy[:n], device=dev)
         else:
-            drafts = torch.empty(b, 0, dtype=torch.long, device=dev)
+            drafted = torch.empty(len(live), 0, dtype=torch.long, device=dev)
+        for i, r in enumerate(live):
+            copied[r] = bool(copies and copies[i]) and drafted.shape[1] > 0
         t1 = time.perf_counter()
-        k = drafts.shape[1] + 1
-        verify_ids = torch.cat([anchor[:, None], drafts], dim=1)
+        k = drafted.shape[1] + 1
+        verify_ids = torch.cat([anchor[:, None], drafted], dim=1)
         vpos = start[:, None] + torch.arange(k, device=dev)
-        valid = torch.cat([valid, torch.ones(b, k, dtype=torch.bool, device=dev)], dim=1)
+        valid = torch.cat([valid, torch.ones(len(live), k, dtype=torch.bool, device=dev)], dim=1)
         out = target.forward(verify_ids, cache=cache, taps=taps, attention_mask=valid.long(), position_ids=vpos)
-        acc, nxt = sampling.greedy_accept(drafts, out.logits)
+        acc, nxt = sampling.greedy_accept(drafted, out.logits)
         t2 = time.perf_counter()
         steps += 1
         t_draft, t_verify = t_draft + t1 - t0, t_verify + t2 - t1
+        if policy is not None:
+            # the drafter's acceptance from the rows it drafted for (copied rows accept by other rules)
+            by_drafter = None if copy_only or not n else [int(a) for i, a in enumerate(acc) if not copied[live[i]]]
+            policy.update(drafted.shape[1], len(live), t2 - t1, by_drafter, t1 - t0, taken)
 
         keep = acc + 1
-        for r in range(b):
-            if done[r]:
-                keep[r] = 0
-                continue
-            committed, _, _ = sampling.commit(drafts[r, : int(acc[r])].tolist(), int(nxt[r]), eos,
+        for i, r in enumerate(live):
+            committed, _, _ = sampling.commit(drafted[i, : int(acc[i])].tolist(), int(nxt[i]), eos,
                                               budget[r] - len(tokens[r]))
             tokens[r].extend(committed)
             lengths[r].append(len(committed))
-            if lookups is not None:
-                lookups[r].update(committed, int(acc[r]), drafts.shape[1], copied[r])
+            if lookups is not None and drafted.shape[1]:
+                lookups[r].update(committed, int(acc[i]), drafted.shape[1], copied[r])
+            elif lookups is not None:                                 # a plain step: nothing was proposed
+                lookups[r].extend(committed)
             if tokens[r][-1] in eos or len(tokens[r]) >= budget[r]:
                 done[r] = True
                 reasons[r] = "eos" if tokens[r][-1] in eos else full[r]
@@ -137,13 +176,8 @@ def batched_generate(target, drafter, prompts_ids: list[list[int]], max_new_toke
             valid = valid[:, :-cut]
         m = k - cut
         if taps is not None:
-            if pending is None:
-                pending, pending_valid, pending_pos = out.features[:, :m], new_valid[:, :m], vpos[:, :m]
-            else:   # no draft consumed the last features (a round without drafts): keep both, in order
-                pending = torch.cat([pending, out.features[:, :m]], dim=1)
-                pending_valid = torch.cat([pending_valid, new_valid[:, :m]], dim=1)
-                pending_pos = torch.cat([pending_pos, vpos[:, :m]], dim=1)
-        anchor = torch.tensor([tokens[r][-1] for r in range(b)], device=dev)
+            pending.append((out.features[:, :m], new_valid[:, :m], vpos[:, :m]))
+        anchor = torch.tensor([tokens[r][-1] for r in live], device=dev)
         start = start + keep
     wall = time.perf_counter() - t_start
     return BatchResult([t for t in tokens], lengths, steps, wall, t_draft, t_verify, reasons)

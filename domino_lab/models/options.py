@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from ..errors import UserError
 
 HEAD_IMPLS = ("fused", "fast", "compiled", "eager")
+BATCH_DRAFTS = ("adaptive", "all")
 
 
 @dataclass
@@ -38,6 +39,11 @@ class InferenceOptions:
     # compute whether or not it is accepted, which on a CPU can outweigh an unlikely node's chance
     # (docs/design.md#tree-verification).
     tree_min_prob: float = 0.0
+    # Batched decoding: how many drafts each step verifies. "adaptive" = the count (0 = a plain step) that maximises
+    # tokens per second under the acceptance and step costs measured so far in the batch (decoding/adaptive.py);
+    # "all" = the whole block every step. Large batches make a verified position cost real compute
+    # (docs/design.md#adaptive-batched-drafts).
+    batch_drafts: str = "adaptive"
 
     def __post_init__(self):
         if self.head_impl not in HEAD_IMPLS:
@@ -51,6 +57,8 @@ class InferenceOptions:
                             f"got {self.lookup}")
         if not 0.0 <= self.tree_min_prob < 1.0:
             raise UserError(f"tree min prob must be in [0, 1) (0 = fill the node budget), got {self.tree_min_prob}")
+        if self.batch_drafts not in BATCH_DRAFTS:
+            raise UserError(f"unknown batch drafts policy '{self.batch_drafts}'; use one of {list(BATCH_DRAFTS)}")
         if self.block_size is not None and self.block_size < 1:
             raise UserError(f"block size must be >= 1, got {self.block_size}")
 
@@ -58,7 +66,7 @@ class InferenceOptions:
     def from_args(cls, args) -> "InferenceOptions":
         """From the flags `add_inference_args` defines (absent flags keep the defaults)."""
         kw = {k: getattr(args, k, None) for k in ("head_impl", "candidate_pool", "block_size", "full_vocab",
-                                               "draft_cutoff", "lookup", "tree_min_prob")}
+                                               "draft_cutoff", "lookup", "tree_min_prob", "batch_drafts")}
         return cls(**{k: v for k, v in kw.items() if v is not None})
 
 

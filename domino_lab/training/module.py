@@ -217,7 +217,8 @@ def _measure_batched(target, drafter, prompts, max_new_tokens: int, batch: int) 
     reached, accepted = [0] * n, [0] * n
     per_prompt, committed, steps = [], 0, 0
     for lo in range(0, len(prompts), batch):
-        res = batched_generate(target, drafter, prompts[lo:lo + batch], max_new_tokens=max_new_tokens)
+        res = batched_generate(target, drafter, prompts[lo:lo + batch], max_new_tokens=max_new_tokens,
+                               drafts="all")     # τ of the whole block, as decoded one at a time
         for r, lengths in enumerate(res.acceptance_lengths):
             per_prompt.append(_prompt_row(lo + r, lengths))
             committed, steps = committed + sum(lengths), steps + len(lengths)

@@ -1,0 +1,140 @@
+"""How many drafts a batched verify step should check, chosen online from measured acceptance and step costs.
+
+A verified draft costs target compute whether it is accepted or not. At batch 1 on a CPU a step is mostly weight
+streaming and dispatch, so eight more positions cost little next to the tokens they commit; at batch 16 the forward
+is compute-bound and every position of every row counts, so a full block can cost three plain steps while
+committing two tokens per row. No fixed block length is right for both (docs/design.md#adaptive-batched-drafts).
+
+The policy estimates, from the steps of the batch so far:
+- α_i, the rate at which draft i is accepted given that the drafts before it were, on two time scales: a slow
+  estimate over the whole batch (uniform prior) and a fast one over the last few drafting steps that shrinks
+  back to the slow one while no draft is verified, so a bad stretch is forgotten and drafting is tried again
+  when the batch as a whole says it pays; E[committed per row | n drafts] = 1 + Σ_{i≤n} Π_{j≤i} α_j;
+- the cost of a step: a steady draft's time; the verify time as a line c0 + c1 · rows · (n + 1) (decayed least
+  squares over the steps that verified drafts); a plain step's time on its own (cheaper than the line: one query
+  per row); and the cost of a draft taking in one row's context position, which a switch from plain steps back
+  to drafting pays once for every position the plain steps committed (spread over the steps left);
+and verifies the n in 0..n_max that maximises rows · E[committed | n] / cost(n). The first step verifies the whole
+block (every position's acceptance; its draft takes in the prompt, which gives the per-position cost), the second
+one draft (a steady draft's time, a second point on the line), the next two none (a plain step's time, the
+cheaper of two, so that one hiccup cannot make drafting look good for the rest of the batch); then the whole
+block until eight rows have tried the first draft (at batch 1, eight steps).
+"""
+from __future__ import annotations
+
+PRIOR = 2.0        # weight, in rows, of the slow estimate as the fast one's prior
+EVIDENCE = 8.0     # rows that must have tried the first draft before plain steps may be chosen (acceptance is
+                   # learned only while drafting: at batch 1 two unlucky first steps would otherwise end it)
+
+
+class DraftCount:
+    """The policy of one batched decode: `choose` before each step, `update` after it."""
+
+    def __init__(self, n_max: int, fast: float = 0.9, slow: float = 0.99):
+        self.n_max = n_max
+        self.fast, self.slow = fast, slow
+        # decayed counts, per draft position, of rows that reached it (every draft before it accepted) and of
+        # those that accepted it: [reached, accepted] on the fast and on the slow time scale
+        self.counts = {k: ([0.0] * n_max, [0.0] * n_max) for k in ("fast", "slow")}
+        self.t_draft: float | None = None
+        self.t_take = 0.0                  # cost of taking in one context position of one row (catch-up drafts)
+        self._catch_up: list[tuple[float, int]] = []      # (draft time, rows · positions) awaiting a steady t_draft
+        self._fit = [0.0] * 5              # decayed sums of w, x, y, x·x, x·y for t_verify = c0 + c1·x
+        self._xs: set[int] = set()         # distinct position counts seen (the line needs two)
+        self.t_plain: tuple[float, int] | None = None    # (moving average of a plain step's time, its rows)
+        self._plain_steps = 0
+        self.steps = 0
+
+    def alpha(self, i: int) -> float:
+        (rs, acs), (rf, acf) = self.counts["slow"], self.counts["fast"]
+        slow = (acs[i] + 1.0) / (rs[i] + 2.0)
+        return (acf[i] + PRIOR * slow) / (rf[i] + PRIOR)
+
+    def expected_committed(self, n: int) -> float:
+        e, p = 1.0, 1.0
+        for i in range(n):
+            p *= self.alpha(i)
+            e += p
+        return e
+
+    def verify_cost(self, positions: int) -> float:
+        w, x, y, xx, xy = self._fit
+        var = w * xx - x * x
+        c1 = max(0.0, (w * xy - x * y) / var) if var > 1e-12 else 0.0
+        c0 = (y - c1 * x) / w
+        return c0 + c1 * positions
+
+    def _slope(self) -> float:
+        return self.verify_cost(1) - self.verify_cost(0) if self._fit[0] else 0.0
+
+    def plain_cost(self, rows: int) -> float:
+        t, at = self.t_plain
+        return max(0.0, t + self._slope() * (rows - at))
+
+    def choose(self, rows: int, room: int, pending: int = 0) -> int:
+        """Drafts to verify in the next step of `rows` live rows, at most `room` (the budget left); `pending` =
+        context positions per row the next draft would take in."""
+        cap = max(0, min(self.n_max, room))
+        if cap == 0:
+            return 0
+        if self.steps == 0:
+            return cap                     # the whole block first: every position's acceptance
+        if self.t_draft is None or len(self._xs) < 2:
+            return 1                       # a steady draft, timed at the cheapest verify: a second point
+        if self._plain_steps < 2:
+            return 0                       # two plain steps (the cheaper of them: one hiccup must not decide)
+        if self.counts["slow"][0][0] < EVIDENCE:
+            return cap
+        catch_up = self.t_take * rows * pending if pending > self.n_max + 1 else 0.0
+        best, best_rate = 0, rows / max(self.plain_cost(rows), 1e-9)
+        for n in range(1, cap + 1):
+            e = self.expected_committed(n)
+            cost = self.t_draft + self.verify_cost(rows * (n + 1)) + catch_up / max(1.0, room / e)
+            if rows * e / cost > best_rate:
+                best, best_rate = n, rows * e / cost
+        return best
+
+    def update(self, n: int, rows: int, t_verify: float, accepted: list[int] | None = None, t_draft: float = 0.0,
+               taken: int = 0) -> None:
+        """After a step of `rows` live rows that verified n positions past the anchor: the verify time (s) and,
+        when the drafter drafted them, the accepted count of each drafted row, the draft time and the context
+        positions per row the draft took in (a step that verified copied text passes accepted=None)."""
+        self.steps += 1
+        drafted = n > 0 and accepted is not None
+        # the fast estimate ages with every drafting or plain step (so it returns to the slow one while no draft
+        # is verified), the slow one only with new evidence
+        for k, d, ages in (("fast", self.fast, drafted or not n), ("slow", self.slow, drafted)):
+            if ages:
+                reached, acc = self.counts[k]
+                self.counts[k] = ([r * d for r in reached], [a * d for a in acc])
+        if not n:
+            # the average so far, moved along the line to this step's rows, then mixed with this step
+            d = self.fast
+            if self.t_plain is None:
+                self.t_plain = (t_verify, rows)
+            elif self._plain_steps < 2:
+                self.t_plain = (min(self.plain_cost(rows), t_verify), rows)
+            else:
+                self.t_plain = (d * self.plain_cost(rows) + (1 - d) * t_verify, rows)
+            self._plain_steps += 1
+            return
+        x = float(rows * (n + 1))
+        self._xs.add(int(x))
+        self._fit = [s * self.fast + v for s, v in zip(self._fit, (1.0, x, t_verify, x * x, x * t_verify))]
+        if not drafted:
+            return
+        for reached, acc in self.counts.values():
+            for a in accepted:
+                for i in range(min(n, a + 1)):
+                    reached[i] += 1.0
+                    acc[i] += float(i < a)
+        if taken <= self.n_max + 1:
+            d = self.fast
+            self.t_draft = t_draft if self.t_draft is None else d * self.t_draft + (1 - d) * t_draft
+        else:
+            self._catch_up.append((t_draft, rows * taken))
+        if self.t_draft is not None:
+            for t, size in self._catch_up:
+                take = max(0.0, t - self.t_draft) / size
+                self.t_take = take if not self.t_take else self.fast * self.t_take + (1 - self.fast) * take
+            self._catch_up = []

@@ -1,0 +1,131 @@
+"""The adaptive draft count of batched decoding (decoding/adaptive.py): its estimates and its choice."""
+import pytest
+
+from domino_lab.decoding.adaptive import DraftCount
+
+
+def _explore(policy: DraftCount, rows: int, accepted: int, t_draft: float, verify) -> None:
+    """Drive the policy through its exploration steps with a synthetic cost line `verify(positions)`."""
+    n = policy.choose(rows, 8)
+    assert n == 8                                          # the whole block first (its draft takes in the prompt)
+    policy.update(n, rows, verify(rows * 9), [accepted] * rows, 3 * t_draft, taken=20)
+    n = policy.choose(rows, 8)
+    assert n == 1 and policy.t_draft is None               # then one draft: a steady draft's time, a second point
+    policy.update(n, rows, verify(rows * 2), [min(accepted, 1)] * rows, t_draft, taken=9)
+    assert policy.t_take == pytest.approx(2 * t_draft / (rows * 20))     # the prompt's catch-up, per position
+    for hiccup in (2.0, 0.8):
+        n = policy.choose(rows, 8, 2)
+        assert n == 0                                      # then two plain steps, timed on their own
+        policy.update(n, rows, hiccup * verify(rows))      # (cheaper than the line: no block mask)
+    assert policy.plain_cost(rows) == pytest.approx(0.8 * verify(rows))    # the cheaper of the two
+
+
+def _full_steps(policy, k: int, rows: int, accepted: int, t_draft: float, t_verify: float) -> None:
+    for _ in range(k):
+        policy.update(8, rows, t_verify, [accepted] * rows, t_draft, taken=9)
+
+
+def test_acceptance_estimates_are_conditional_on_reaching_the_draft():
+    p = DraftCount(4, fast=1.0, slow=1.0)
+    p.update(4, 3, 1.0, [0, 2, 4], 0.0)       # draft 0 reached by 3 rows, accepted by 2; draft 2 reached by 2
+    for reached, acc in p.counts.values():
+        assert reached == [3, 2, 2, 1] and acc == [2, 2, 1, 1]
+    slow0 = 3 / 5
+    assert p.alpha(0) == pytest.approx((2 + 2 * slow0) / (3 + 2))
+    a = [p.alpha(i) for i in range(4)]
+    assert p.expected_committed(0) == 1.0
+    assert p.expected_committed(2) == pytest.approx(1 + a[0] + a[0] * a[1])
+    assert p.expected_committed(4) > p.expected_committed(3) > p.expected_committed(2)
+
+
+def test_cheap_positions_and_good_drafts_verify_the_whole_block():
+    """Batch-1 regime: a verified position costs little next to the step (weights streamed once)."""
+    p = DraftCount(8)
+    line = lambda x: 6e-3 + 0.4e-3 * x                    # noqa: E731
+    _explore(p, rows=1, accepted=8, t_draft=3e-3, verify=line)
+    assert p.verify_cost(9) == pytest.approx(line(9))
+    _full_steps(p, 20, 1, 8, 3e-3, line(9))
+    assert p.choose(1, 8) == 8
+    assert p.choose(1, 3) == 3                             # never past the budget left
+
+
+def test_costly_positions_and_poor_drafts_fall_back_to_plain_steps():
+    """Batch-16 regime: every verified position is compute; drafts that are rarely accepted do not pay."""
+    p = DraftCount(8)
+    _explore(p, rows=16, accepted=0, t_draft=15e-3, verify=lambda x: 10e-3 + 1e-3 * x)
+    assert p.choose(16, 8) == 0
+    # the same drafts on a cheap machine pay again: the choice follows the measured line, not the batch size
+    q = DraftCount(8)
+    _explore(q, rows=16, accepted=8, t_draft=1e-3, verify=lambda x: 10e-3 + 1e-5 * x)
+    assert q.choose(16, 8) == 8
+
+
+def test_a_bad_stretch_is_forgotten_while_plain_steps_run():
+    """A few drafting steps that miss make plain steps win; while they run the fast estimate returns to the
+    batch's long-run acceptance, and drafting is tried again."""
+    p = DraftCount(8)
+    line = lambda x: 6e-3 + 0.4e-3 * x                    # noqa: E731
+    _explore(p, rows=1, accepted=8, t_draft=3e-3, verify=line)
+    _full_steps(p, 40, 1, 7, 3e-3, line(9))               # a good text ...
+    assert p.choose(1, 8, pending=9) > 0
+    _full_steps(p, 25, 1, 0, 3e-3, line(9))               # ... then a hard stretch
+    assert p.choose(1, 8, pending=9) == 0
+    k = 0
+    while p.choose(1, 100, pending=1 + k) == 0:
+        p.update(0, 1, 0.8 * line(1))
+        k += 1
+    assert 0 < k < 30
+
+
+def test_costs_are_refitted_as_the_line_moves():
+    p = DraftCount(8, fast=0.5)
+    line = lambda x: 5e-3 + 0.1e-3 * x                    # noqa: E731
+    _explore(p, rows=4, accepted=8, t_draft=2e-3, verify=line)
+    _full_steps(p, 10, 4, 8, 2e-3, line(36))
+    assert p.choose(4, 8) == 8
+    for _ in range(20):                                    # the machine gets slower per position
+        p.update(8, 4, 5e-3 + 10e-3 * 36, [8] * 4, 2e-3, taken=9)
+        p.update(1, 4, 5e-3 + 10e-3 * 8, [1] * 4, 2e-3, taken=9)
+    assert p.verify_cost(36) == pytest.approx(5e-3 + 10e-3 * 36, rel=1e-3)
+    assert p.choose(4, 8) < 8
+
+
+def test_a_switch_back_to_drafting_pays_for_its_catch_up():
+    """After plain steps a draft must first take in their positions; the choice charges that (measured on the
+    prompt's catch-up draft, spread over the steps left), so a draft that barely pays when steady is not chosen
+    after a long run of plain steps near the end of the budget."""
+    p = DraftCount(8)
+    _explore(p, rows=4, accepted=8, t_draft=4e-3, verify=lambda x: 6e-3 + 0.3e-3 * x)
+    _full_steps(p, 10, 4, 8, 4e-3, 6e-3 + 0.3e-3 * 36)
+    assert p.choose(4, 8, pending=9) == 8
+    assert p.choose(4, 8, pending=400) == 0
+
+
+def test_the_policy_is_checked_and_parsed():
+    from core_helpers import tiny_target
+    from domino_lab.bench import build_parser, with_options
+    from domino_lab.decoding.batched import batched_generate
+    from domino_lab.errors import UserError
+    from domino_lab.models import InferenceOptions
+
+    with pytest.raises(UserError, match="unknown batch drafts policy 'some'"):
+        InferenceOptions(batch_drafts="some")
+    with pytest.raises(UserError, match="unknown batch drafts policy 'bogus'"):
+        batched_generate(tiny_target(), None, [[5, 6]], 4, drafts="bogus")
+    args = build_parser().parse_args(["--batch-drafts", "all"])
+    assert InferenceOptions.from_args(args).batch_drafts == "all"
+    assert InferenceOptions.from_args(build_parser().parse_args([])).batch_drafts == "adaptive"
+    assert with_options(InferenceOptions(), "batch_drafts=all", "x").batch_drafts == "all"
+
+
+def test_plain_steps_wait_for_evidence():
+    """At batch 1 the first steps are few rows of evidence: the whole block is drafted until eight rows have
+    tried the first draft, even when those first steps missed."""
+    p = DraftCount(8)
+    line = lambda x: 6e-3 + 0.4e-3 * x                    # noqa: E731
+    _explore(p, rows=1, accepted=0, t_draft=3e-3, verify=line)
+    tried = 2
+    while p.choose(1, 8, pending=1) == 8:
+        p.update(8, 1, line(9), [0], 3e-3, taken=1)
+        tried += 1
+    assert 8 <= tried <= 9 and p.choose(1, 8, pending=1) == 0     # (the counts age by 1% a step)
