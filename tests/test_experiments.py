@@ -79,7 +79,7 @@ def test_quick_run(work, name):
         assert "domino+fr512" in res["math"]["0.0"] and "domino+fr512" not in res["math"]["1.0"]
         assert "| domino − dflash | code | 1.0 |" in md
     if name == "block_size":
-        assert "| domino-b16 | 16 |" in md and "| dflash-b8 | 8 |" in md
+        assert "| domino-b16 | 16 |" in md and "| dflash-b4 | 4 |" in md
 
 
 def test_runs_are_reused_not_retrained(work):
@@ -120,7 +120,7 @@ def test_command_line_overrides(tmp_path):
     spec = load_spec("block_size")
     plain = resolve_runs(spec, tmp_path / "r", quick=False)
     other = resolve_runs(spec, tmp_path / "r", quick=False, extra=["max_steps=50", "loss.gamma=3"])
-    assert len(plain) == len(other) == 4
+    assert len(plain) == len(other) == 6
     for (r, seed, a, _), (_, _, b, _) in zip(plain, other):
         assert a.out_dir != b.out_dir and Path(b.out_dir).name.startswith(f"{r.name}-s{seed}-")
         assert (b.max_steps, b.loss.gamma) == (50, 3) and b.drafter.block_size == a.drafter.block_size
