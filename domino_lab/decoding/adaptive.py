@@ -27,6 +27,11 @@ EVIDENCE = 8.0     # rows that must have tried the first draft before plain step
                    # learned only while drafting: at batch 1 two unlucky first steps would otherwise end it)
 
 
+def _mix(old: float | None, new: float, d: float) -> float:
+    """Exponential moving average with weight d on the old value (the new one when there is none yet)."""
+    return new if old is None else d * old + (1 - d) * new
+
+
 class DraftCount:
     """The policy of one batched decode: `choose` before each step, `update` after it."""
 
@@ -40,7 +45,6 @@ class DraftCount:
         self.t_take = 0.0                  # cost of taking in one context position of one row (catch-up drafts)
         self._catch_up: list[tuple[float, int]] = []      # (draft time, rows · positions) awaiting a steady t_draft
         self._fit = [0.0] * 5              # decayed sums of w, x, y, x·x, x·y for t_verify = c0 + c1·x
-        self._xs: set[int] = set()         # distinct position counts seen (the line needs two)
         self.t_plain: tuple[float, int] | None = None    # (moving average of a plain step's time, its rows)
         self._plain_steps = 0
         self.steps = 0
@@ -57,19 +61,24 @@ class DraftCount:
             e += p
         return e
 
-    def verify_cost(self, positions: int) -> float:
+    def _line(self) -> tuple[float, float] | None:
+        """(c0, c1) of the verify-cost line, or None until two different position counts were timed."""
         w, x, y, xx, xy = self._fit
         var = w * xx - x * x
-        c1 = max(0.0, (w * xy - x * y) / var) if var > 1e-12 else 0.0
-        c0 = (y - c1 * x) / w
+        if w == 0 or var <= 1e-9 * x * x:      # one position count only (up to rounding)
+            return None
+        c1 = max(0.0, (w * xy - x * y) / var)
+        return (y - c1 * x) / w, c1
+
+    def verify_cost(self, positions: int) -> float:
+        c0, c1 = self._line()
         return c0 + c1 * positions
 
-    def _slope(self) -> float:
-        return self.verify_cost(1) - self.verify_cost(0) if self._fit[0] else 0.0
-
     def plain_cost(self, rows: int) -> float:
+        """A plain step's time, moved along the line's slope from the rows it was measured at."""
         t, at = self.t_plain
-        return max(0.0, t + self._slope() * (rows - at))
+        line = self._line()
+        return max(0.0, t + (line[1] if line else 0.0) * (rows - at))
 
     def choose(self, rows: int, room: int, pending: int = 0) -> int:
         """Drafts to verify in the next step of `rows` live rows, at most `room` (the budget left); `pending` =
@@ -79,17 +88,20 @@ class DraftCount:
             return 0
         if self.steps == 0:
             return cap                     # the whole block first: every position's acceptance
-        if self.t_draft is None or len(self._xs) < 2:
+        if self.t_draft is None or self._line() is None:
             return 1                       # a steady draft, timed at the cheapest verify: a second point
         if self._plain_steps < 2:
             return 0                       # two plain steps (the cheaper of them: one hiccup must not decide)
         if self.counts["slow"][0][0] < EVIDENCE:
             return cap
         catch_up = self.t_take * rows * pending if pending > self.n_max + 1 else 0.0
+        c0, c1 = self._line()
         best, best_rate = 0, rows / max(self.plain_cost(rows), 1e-9)
+        e, p = 1.0, 1.0
         for n in range(1, cap + 1):
-            e = self.expected_committed(n)
-            cost = self.t_draft + self.verify_cost(rows * (n + 1)) + catch_up / max(1.0, room / e)
+            p *= self.alpha(n - 1)
+            e += p                         # expected_committed(n), accumulated
+            cost = self.t_draft + c0 + c1 * rows * (n + 1) + catch_up / max(1.0, room / e)
             if rows * e / cost > best_rate:
                 best, best_rate = n, rows * e / cost
         return best
@@ -108,18 +120,14 @@ class DraftCount:
                 reached, acc = self.counts[k]
                 self.counts[k] = ([r * d for r in reached], [a * d for a in acc])
         if not n:
-            # the average so far, moved along the line to this step's rows, then mixed with this step
-            d = self.fast
-            if self.t_plain is None:
-                self.t_plain = (t_verify, rows)
-            elif self._plain_steps < 2:
-                self.t_plain = (min(self.plain_cost(rows), t_verify), rows)
-            else:
-                self.t_plain = (d * self.plain_cost(rows) + (1 - d) * t_verify, rows)
+            # the average so far, moved along the line to this step's rows, then mixed with this step (the first
+            # two: the cheaper)
+            old = self.plain_cost(rows) if self.t_plain is not None else None
+            mixed = _mix(old, t_verify, self.fast)
+            self.t_plain = (min(old, t_verify) if old is not None and self._plain_steps < 2 else mixed, rows)
             self._plain_steps += 1
             return
         x = float(rows * (n + 1))
-        self._xs.add(int(x))
         self._fit = [s * self.fast + v for s, v in zip(self._fit, (1.0, x, t_verify, x * x, x * t_verify))]
         if not drafted:
             return
@@ -129,12 +137,11 @@ class DraftCount:
                     reached[i] += 1.0
                     acc[i] += float(i < a)
         if taken <= self.n_max + 1:
-            d = self.fast
-            self.t_draft = t_draft if self.t_draft is None else d * self.t_draft + (1 - d) * t_draft
+            self.t_draft = _mix(self.t_draft, t_draft, self.fast)
         else:
             self._catch_up.append((t_draft, rows * taken))
         if self.t_draft is not None:
             for t, size in self._catch_up:
                 take = max(0.0, t - self.t_draft) / size
-                self.t_take = take if not self.t_take else self.fast * self.t_take + (1 - self.fast) * take
+                self.t_take = _mix(self.t_take or None, take, self.fast)
             self._catch_up = []

@@ -160,10 +160,8 @@ def batched_generate(target, drafter, prompts_ids: list[list[int]], max_new_toke
                                               budget[r] - len(tokens[r]))
             tokens[r].extend(committed)
             lengths[r].append(len(committed))
-            if lookups is not None and drafted.shape[1]:
+            if lookups is not None:
                 lookups[r].update(committed, int(acc[i]), drafted.shape[1], copied[r])
-            elif lookups is not None:                                 # a plain step: nothing was proposed
-                lookups[r].extend(committed)
             if tokens[r][-1] in eos or len(tokens[r]) >= budget[r]:
                 done[r] = True
                 reasons[r] = "eos" if tokens[r][-1] in eos else full[r]

@@ -54,8 +54,10 @@ class NgramLookup:
         that committed fewer drafts than the drafter's steps do on average in this text raises it by one; a copy
         accepted whole lowers it back toward min_ngram. Text whose repeats do not continue the same way (math
         solutions reuse phrases, then differ) thus stops overriding a drafter that predicts it well, while loops
-        keep copying."""
+        keep copying. A step that verified nothing past its anchor (a plain step) only indexes its token."""
         self.extend(committed)
+        if not proposed:
+            return
         if not copied:
             self._drafted += 1
             self._drafted_accepted += accepted
