@@ -12,6 +12,7 @@ from mlflow.tracking import MlflowClient
 
 from domino_lab.errors import run_cli
 from domino_lab.sweep.__main__ import main
+from domino_lab.sweep.storage import sweep_storage
 from core_helpers import tiny_sweep_yaml
 
 
@@ -73,6 +74,34 @@ def test_two_workers_share_one_study(sweep_yaml, tmp_path):
     assert len(numbers) == 4 and len(set(numbers)) == 4            # n_trials counts per worker
     dirs = {t.user_attrs.get("best_dir") for t in study.trials if t.state.name == "COMPLETE"}
     assert None not in dirs and len(dirs) == sum(t.state.name == "COMPLETE" for t in study.trials)
+
+
+def _claim_all(url, queue):
+    study = optuna.load_study(study_name="claims", storage=sweep_storage(url))
+    claimed = []
+    while (trial_id := study._pop_waiting_trial_id()) is not None:     # what optimize() does to start a trial
+        claimed.append(trial_id)
+    queue.put(claimed)
+
+
+def test_enqueued_trials_are_claimed_once(tmp_path):
+    """SQLite ignores SELECT ... FOR UPDATE: without the claim lock, workers popping enqueued trials together
+    train some of them twice (4 processes over 60 trials popped 70-74)."""
+    import multiprocessing as mp
+
+    url = f"sqlite:///{tmp_path / 'optuna.db'}"
+    study = optuna.create_study(study_name="claims", storage=url)
+    for i in range(60):
+        study.enqueue_trial({"x": i})
+    ctx = mp.get_context("fork")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=_claim_all, args=(url, queue)) for _ in range(4)]
+    for p in procs:
+        p.start()
+    claimed = sum((queue.get(timeout=120) for _ in procs), [])
+    for p in procs:
+        p.join(timeout=60)
+    assert sorted(claimed) == sorted(t._trial_id for t in study.get_trials())
 
 
 def test_bad_sweep_config(tmp_path, capsys):

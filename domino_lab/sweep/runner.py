@@ -24,6 +24,7 @@ from ..errors import UserError, mask_credentials
 from ..training.tracking import default_artifact_location, default_tracking_uri
 from .config import SweepConfig, base_values, trial_config
 from .space import make_pruner, make_sampler, suggest
+from .storage import file_lock, sweep_storage
 from ..decoding.metrics import speedup_bound
 from .trial import TrialProgress, confirmable
 
@@ -137,7 +138,7 @@ class SweepRunner:
     def _storage(self):
         try:
             # heartbeats let a restarted study mark trials of a killed worker as failed and retry them
-            return optuna.storages.RDBStorage(
+            return sweep_storage(
                 self.storage_url, heartbeat_interval=self.sweep.heartbeat_interval,
                 grace_period=self.sweep.grace_period,
                 heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=1))
@@ -154,19 +155,8 @@ class SweepRunner:
         with self._file_lock(), self._server_locks():
             yield
 
-    @contextmanager
     def _file_lock(self):
-        try:
-            import fcntl
-        except ImportError:      # not POSIX: no lock
-            yield
-            return
-        with open(self.dir / ".setup.lock", "w") as f:
-            fcntl.flock(f, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(f, fcntl.LOCK_UN)
+        return file_lock(self.dir / ".setup.lock")
 
     @contextmanager
     def _server_locks(self):
