@@ -146,9 +146,16 @@ def bench_set(b: Bench, prompts: list[dict], warmup: int, progress: bool = True)
     return res
 
 
-def bench_batched(b: Bench, prompts: list[dict], sizes: list[int], ref: dict | None = None) -> dict:
+def bench_batched(b: Bench, prompts: list[dict], sizes: list[int], rounds: int = 1, progress: bool = True) -> dict:
     """Throughput of batched decoding (ragged acceptance) for `ar` and our drafters at several batch sizes.
-    Each size decodes the same prompts in consecutive batches; outputs are checked against `ar`."""
+    Each size decodes the same prompts in consecutive batches, every method on a batch before the next batch (the
+    order rotating per batch and per round, as the batch-1 bench rotates per prompt), `rounds` times: tokens/s is
+    the median over rounds, the speedup the median of the per-round ratios (each against the `ar` run beside it),
+    so a slow minute of the machine moves both sides of a ratio. Outputs are checked against `ar`."""
+    import statistics
+
+    from tqdm.auto import tqdm
+
     from .decoding.batched import batched_generate
 
     ids = [b.target.encode(p["prompt"]) for p in prompts]
@@ -159,23 +166,36 @@ def bench_batched(b: Bench, prompts: list[dict], sizes: list[int], ref: dict | N
                and m not in HEAD_VARIANTS and m not in TREE_METHODS]
     batched_generate(b.target, None, ids[:2], 4)                       # warm-up
     out: dict = {}
+    bar = tqdm(total=sum(-(-len(ids) // size) for size in sizes) * rounds * len(methods), desc="batched",
+               disable=not progress)
     for size in sizes:
+        chunks = [ids[i:i + size] for i in range(0, len(ids), size)]
+        per_round = {m: [] for m in methods}            # (tokens, wall) of each round
+        toks = {m: [] for m in methods}
+        lengths = {m: [] for m in methods}
+        for r in range(rounds):
+            tally = {m: [0, 0.0] for m in methods}
+            for c, chunk in enumerate(chunks):
+                k = (r + c) % len(methods)
+                for m in methods[k:] + methods[:k]:
+                    res = batched_generate(b.target, b.drafters.get(m), chunk, b.max_new)
+                    bar.update()
+                    tally[m][0] += sum(map(len, res.token_ids))
+                    tally[m][1] += res.wall_time_s
+                    if r == 0:                         # greedy: every round decodes the same tokens
+                        toks[m] += res.token_ids
+                        lengths[m] += [a for row_ in res.acceptance_lengths for a in row_]
+            for m in methods:
+                per_round[m].append(tally[m][0] / tally[m][1])
         row = {}
         for m in methods:
-            toks, wall, lengths = [], 0.0, []
-            for i in range(0, len(ids), size):
-                res = batched_generate(b.target, b.drafters.get(m), ids[i:i + size], b.max_new)
-                toks += res.token_ids
-                wall += res.wall_time_s
-                lengths += [a for row_ in res.acceptance_lengths for a in row_]
-            row[m] = {"tokens_per_s": sum(map(len, toks)) / wall, "tau": sum(lengths) / max(1, len(lengths)),
-                      "tokens": toks}
-        for m in methods:
-            row[m]["lossless"] = sum(t == a for t, a in zip(row[m]["tokens"], row["ar"]["tokens"]))
-            row[m]["speedup_vs_ar"] = row[m]["tokens_per_s"] / row["ar"]["tokens_per_s"]
-        for m in methods:
-            del row[m]["tokens"]
+            speeds = per_round[m]
+            row[m] = {"tokens_per_s": statistics.median(speeds), "tokens_per_s_rounds": speeds,
+                      "tau": sum(lengths[m]) / max(1, len(lengths[m])),
+                      "lossless": sum(t == a for t, a in zip(toks[m], toks["ar"])),
+                      "speedup_vs_ar": statistics.median(x / a for x, a in zip(speeds, per_round["ar"]))}
         out[size] = row
+    bar.close()
     return out
 
 
@@ -272,6 +292,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tracking-uri", default=None)
     p.add_argument("--batch-sizes", nargs="*", type=int, default=[],
                    help="also measure batched decoding (ar and our drafters) at these batch sizes, e.g. 1 2 4 8 16")
+    p.add_argument("--batch-rounds", type=int, default=1,
+                   help="batched decoding: decode every batch this many times, methods interleaved; tokens/s is the "
+                        "median over rounds and the speedup the median of per-round ratios (default 1)")
     p.add_argument("--batch-drafts", default=None, choices=BATCH_DRAFTS,
                    help="batched decoding: verify an adaptive number of drafts per step (the default: as many as pay "
                         "for their compute at the acceptance measured so far; 0 = a plain step) or the whole block; "
@@ -375,6 +398,8 @@ def main(argv: list[str] | None = None) -> int:
                         "bench dflash / domino for that)")
     if any(x < 1 for x in args.batch_sizes):
         raise UserError("--batch-sizes must be positive integers")
+    if args.batch_rounds < 1:
+        raise UserError(f"--batch-rounds must be >= 1, got {args.batch_rounds}")
     if args.warmup < 0:
         raise UserError("--warmup must be >= 0")
     from .data.eval_sets import load_eval_set
@@ -416,7 +441,8 @@ def main(argv: list[str] | None = None) -> int:
     b = Bench(target, methods, drafters, assistant, args.max_new_tokens, args.prompt_lookup_tokens, args.tree_nodes)
     started = time.time()
     results = {s: bench_set(b, prompts, args.warmup) for s, prompts in sets.items()}
-    batched = {s: bench_batched(b, prompts, args.batch_sizes) for s, prompts in sets.items()} if args.batch_sizes else {}
+    batched = ({s: bench_batched(b, prompts, args.batch_sizes, args.batch_rounds) for s, prompts in sets.items()}
+               if args.batch_sizes else {})
     meta = {"command": "python -m domino_lab.bench " + " ".join(argv if argv is not None else sys.argv[1:]),
             "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, {torch.get_num_threads()} torch "
                        f"threads, torch {torch.__version__}", "date": time.strftime("%Y-%m-%d %H:%M"),

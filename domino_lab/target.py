@@ -197,15 +197,19 @@ class Target:
     @torch.no_grad()
     def forward(self, input_ids: torch.Tensor, cache=None, taps: list[int] | None = None,
                 attention_mask: torch.Tensor | None = None, position_ids: torch.Tensor | None = None,
-                logits_rows: list[int] | None = None) -> TargetOutput:
+                logits_rows: list[int] | None = None, last_logits_only: bool = False) -> TargetOutput:
         """One target forward; `taps` (decoder-layer indices) selects which hidden states become features.
 
         `logits_rows`: run the LM head on these positions only and return every position's final-normed state in
         `hidden` (`logits_at` scores more rows later). Tree verification needs the logits of the rows its walk
-        visits, a few of the tree's N + 1; on a small target the LM head is a large share of a forward."""
+        visits, a few of the tree's N + 1; on a small target the LM head is a large share of a forward.
+        `last_logits_only`: logits of the last position only (a prefill: nothing reads the prompt's other logits,
+        and on the embedded target their LM head costs more than the layers), through the model's own
+        `logits_to_keep`, so anything the model does after its head still applies."""
         if logits_rows is None:
+            keep = {"logits_to_keep": 1} if last_logits_only else {}
             out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                             cache=cache, use_cache=cache is not None, output_hidden_states=taps is not None)
+                             cache=cache, use_cache=cache is not None, output_hidden_states=taps is not None, **keep)
             hidden, logits = None, out.logits
         else:
             out = self.model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask,

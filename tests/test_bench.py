@@ -47,7 +47,7 @@ def test_quick_bench_writes_table_json_and_checks_losslessness(dirs, tmp_path, c
                                               "B": {"step_ms": 100.0, "draft_8_ms": 10.0, "verify_8_ms": 90.0}}}))
     argv = ["--target", tdir, "--dtype", "float64", "--sets", prompts, "--quick", "--out", str(out),
             "--domino", str(root / "domino"), "--dflash", str(root / "dflash"), "--assistant", adir,
-            "--batch-sizes", "1", "2", "--candidate-pool", "0", "--mlflow", "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}",
+            "--batch-sizes", "1", "2", "--batch-rounds", "2", "--candidate-pool", "0", "--mlflow", "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}",
             "--drafter", "chain=untrained:eagle",      # any registered method, under its own label
             "--drafter", f"cut={root / 'domino'}@draft_cutoff=0.4",     # with options of its own
             "--project", str(regime)]
@@ -76,6 +76,8 @@ def test_quick_bench_writes_table_json_and_checks_losslessness(dirs, tmp_path, c
     for size in ("1", "2"):
         # the eagle chain does not batch (Drafter.supports_batched): batched rows are the block drafters only
         assert {m: r["lossless"] for m, r in batched[size].items()} == {"ar": 2, "dflash": 2, "domino": 2}
+        for r in batched[size].values():       # two interleaved rounds; the reported speed is their median
+            assert len(r["tokens_per_s_rounds"]) == 2 and min(r["tokens_per_s_rounds"]) <= r["tokens_per_s"]
     md = (out / "bench.md").read_text()
     assert "| hf-assisted |" in md and "equals `ar`" in md
     assert (out / "speedup.png").exists() and (out / "accept_pos.png").exists()
@@ -89,6 +91,7 @@ def test_bench_bad_input_is_one_clear_line(dirs, tmp_path, capsys):
                       (["--sets", prompts, "--target", tdir, "--methods", "ar", "hf-assisted", "--assistant",
                         str(tmp_path / "missing")], "assistant"),
                       (["--max-new-tokens", "0"], "--max-new-tokens"),
+                      (["--batch-sizes", "4", "--batch-rounds", "0"], "--batch-rounds"),
                       (["--sets", prompts, "--target", tdir, "--drafter", "domino=untrained:eagle"], "LABEL=SPEC"),
                       (["--sets", prompts, "--target", tdir, "--methods", "ar", "--drafter", "x=untrained:domino@cut=1"],
                        "key one of"),

@@ -142,3 +142,14 @@ def test_batched_equals_per_sequence(target, plain, trained, method, drafts):
             if d is not None and bs > 1:
                 # ragged: rows of one batch accepted different numbers of drafts in some step
                 assert any(len(set(step)) > 1 for step in zip(*res.acceptance_lengths)), "no ragged step"
+
+
+def test_prefill_scores_only_the_last_position(target):
+    """A prefill asks for the last position's logits only (the model's logits_to_keep); they are the full
+    forward's last row, and the tapped features still cover every position."""
+    ids = torch.tensor([PROMPTS[5]])
+    full = target.forward(ids, taps=[0, 1])
+    last = target.forward(ids, taps=[0, 1], last_logits_only=True)
+    assert last.logits.shape == (1, 1, full.logits.shape[-1])
+    torch.testing.assert_close(last.logits[:, -1], full.logits[:, -1])
+    torch.testing.assert_close(last.features, full.features)

@@ -79,7 +79,8 @@ def batched_generate(target, drafter, prompts_ids: list[list[int]], max_new_toke
         ids[r, width - len(p):] = torch.tensor(p, device=dev)
     pos = (valid.long().cumsum(-1) - 1).clamp(min=0)
     cache = DynamicCache(config=target.model.config)
-    out = target.forward(ids, cache=cache, taps=taps, attention_mask=valid.long(), position_ids=pos)
+    out = target.forward(ids, cache=cache, taps=taps, attention_mask=valid.long(), position_ids=pos,
+                         last_logits_only=True)
     anchor = out.logits[:, -1].argmax(-1)
     tokens = [[int(t)] for t in anchor]
     done = [tokens[r][-1] in eos or len(tokens[r]) >= budget[r] for r in range(b)]

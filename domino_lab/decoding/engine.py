@@ -87,7 +87,7 @@ def speculative_generate(target, drafter=None, prompt: str | None = None, prompt
 
     t_start = time.perf_counter()
     cache = DynamicCache(config=target.model.config)
-    out = target.forward(torch.tensor([ids], device=dev), cache=cache, taps=taps)
+    out = target.forward(torch.tensor([ids], device=dev), cache=cache, taps=taps, last_logits_only=True)
     first, _ = sampling.sample_from(out.logits[:, -1], temperature, top_p, gen)
     tokens = [int(first)]
     calls = 1
