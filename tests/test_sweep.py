@@ -254,3 +254,33 @@ def test_get_or_create_survives_lost_races(tmp_path, monkeypatch):
 
     monkeypatch.setattr(optuna, "create_study", lost)
     assert runner._study().study_name == first.study_name
+
+
+def test_parent_run_tags_survive_a_lost_insert_race(tmp_path, capsys):
+    """Two workers finishing together both write the parent run's best_trial tag; MLflow's SQL store writes a
+    tag as read-then-insert, so the slower one can hit the primary key the faster one just inserted. The write
+    is tried again (the row now exists, so it updates); a write that keeps failing is reported, never raised."""
+    from mlflow.exceptions import MlflowException
+
+    from domino_lab.sweep.report import log_to_shared_run
+
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    run = client.create_run(client.create_experiment("race")).info.run_id
+    client.set_tag(run, "best_trial", "3")      # the other worker's insert
+    attempts = []
+
+    def racing_set_tag(run_id, key, value):
+        attempts.append(value)
+        if len(attempts) == 1:
+            raise MlflowException('duplicate key value violates unique constraint "tag_pk"')
+        client.set_tag(run_id, key, value)
+
+    assert log_to_shared_run(racing_set_tag, run, "best_trial", "5")
+    assert len(attempts) == 2 and client.get_run(run).data.tags["best_trial"] == "5"
+
+    def always_fails(run_id, key, value):
+        raise MlflowException("database is locked\nmore detail")
+
+    assert not log_to_shared_run(always_fails, run, "best/tau", 1.0)
+    assert capsys.readouterr().err.strip().splitlines()[-1] == \
+        "[sweep] could not log best/tau on the parent run: database is locked"

@@ -25,7 +25,8 @@ import sys
 from pathlib import Path
 
 import optuna
-from mlflow.exceptions import MlflowException
+
+from .report import log_to_shared_run
 
 VERDICTS = ("confirmed", "not distinguishable from the baseline", "worse")
 RESOLUTION_RATIO = 1 / 3     # the seed noise a trial score may have, as a share of the spread between trials
@@ -190,15 +191,13 @@ def run_confirmation(runner, study) -> dict | None:
     study.set_user_attr("confirmations", out)
     study.set_user_attr("confirmation", out[0])
     first = out[0]
-    try:
-        for k, v in (("confirm/delta_tau", first["delta_mean"]), ("confirm/delta_ci_lo", first["delta_ci"][0]),
-                     ("confirm/delta_ci_hi", first["delta_ci"][1]), ("confirm/best_tau", first["best"]["tau_mean"]),
-                     ("confirm/baseline_tau", first["baseline"]["tau_mean"])):
-            runner.client.log_metric(runner.parent, k, v)
-        if res["noise_sd"] is not None:
-            runner.client.log_metric(runner.parent, "confirm/noise_sd", res["noise_sd"])
-        runner.client.set_tag(runner.parent, "confirm.verdict", first["verdict"])
-        runner.client.set_tag(runner.parent, "confirm.best_trial", str(first["best"]["trial"]))
-    except MlflowException as e:     # the study holds the result; the tracking store only mirrors it
-        print(f"[sweep] could not log the confirmation to MLflow: {e}", file=sys.stderr)
+    metrics = [("confirm/delta_tau", first["delta_mean"]), ("confirm/delta_ci_lo", first["delta_ci"][0]),
+               ("confirm/delta_ci_hi", first["delta_ci"][1]), ("confirm/best_tau", first["best"]["tau_mean"]),
+               ("confirm/baseline_tau", first["baseline"]["tau_mean"])]
+    if res["noise_sd"] is not None:
+        metrics.append(("confirm/noise_sd", res["noise_sd"]))
+    for k, v in metrics:
+        log_to_shared_run(runner.client.log_metric, runner.parent, k, v)
+    log_to_shared_run(runner.client.set_tag, runner.parent, "confirm.verdict", first["verdict"])
+    log_to_shared_run(runner.client.set_tag, runner.parent, "confirm.best_trial", str(first["best"]["trial"]))
     return first

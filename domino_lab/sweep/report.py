@@ -3,10 +3,13 @@ from __future__ import annotations
 
 import json
 import os
+import sys
+import time
 import warnings
 from pathlib import Path
 
 import optuna
+from mlflow.exceptions import MlflowException
 
 from ..errors import atomic_path, mask_credentials
 
@@ -199,6 +202,24 @@ def write_report(study, sweep, out_dir: Path, client, parent: str, tracking_uri:
     for p in plots:
         client.log_artifact(parent, str(p), "plots")
     if complete and not multi:
-        client.log_metric(parent, "best/tau", study.best_value)
-        client.set_tag(parent, "best_trial", str(study.best_trial.number))
+        log_to_shared_run(client.log_metric, parent, "best/tau", study.best_value)
+        log_to_shared_run(client.set_tag, parent, "best_trial", str(study.best_trial.number))
     return summary
+
+
+def log_to_shared_run(log, run_id: str, key: str, value, attempts: int = 3) -> bool:
+    """Log a tag or metric on the study's parent run, which every worker that finishes writes to. MLflow's SQL
+    store writes a tag as read-then-insert, so two workers finishing together can both insert ("duplicate key
+    value violates unique constraint tag_pk" on PostgreSQL); after the loser's failure the row exists and
+    trying again updates it. The study holds the result and the tracking store only mirrors it, so a write that
+    keeps failing is reported, not raised."""
+    for i in range(attempts):
+        try:
+            log(run_id, key, value)
+            return True
+        except MlflowException as e:
+            if i == attempts - 1:
+                print(f"[sweep] could not log {key} on the parent run: {str(e).splitlines()[0]}", file=sys.stderr)
+                return False
+            time.sleep(0.05 * (i + 1))
+    return False
