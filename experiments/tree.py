@@ -48,6 +48,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     add_threads_arg(p)
     p.add_argument("--out", default=str(ROOT / "experiments" / "results"), help="folder for tree.{md,json,png}")
     p.add_argument("--quick", action="store_true", help="2 prompts per set, 16 new tokens, 1 round (smoke test)")
+    p.add_argument("--compare", nargs=2, default=None, metavar=("A", "B"),
+                   help="two drafter families whose per-prompt τ is compared pairwise at every N (default: the first "
+                        "two families given)")
     args = p.parse_args(argv)
     if args.quick:
         args.limit, args.max_new_tokens, args.rounds = min(args.limit, 2), min(args.max_new_tokens, 16), 1
@@ -58,6 +61,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     if min(args.limit, args.max_new_tokens, args.rounds) < 1 or args.warmup < 0:
         raise UserError("--limit, --max-new-tokens and --rounds must be >= 1, --warmup >= 0")
     args.drafter = args.drafter or DEFAULT_DRAFTERS
+    families = list(dict.fromkeys(d.partition("=")[0].split("/")[0] for d in args.drafter))
+    if args.compare is None:
+        args.compare = families[:2] if len(families) >= 2 else None
+    elif any(f not in families for f in args.compare) or args.compare[0] == args.compare[1]:
+        raise UserError(f"--compare takes two different drafter families among {families}, got {args.compare}")
     from domino_lab.bench import with_options
     from domino_lab.models.options import InferenceOptions
 
@@ -125,7 +133,9 @@ def run(args) -> dict:
                 "tokens_per_s": statistics.median(tps), "tokens_per_s_min": min(tps), "tokens_per_s_max": max(tps),
                 "draft_ms": tally.draft_ms, "verify_ms": tally.verify_ms,
                 "lossless": sum(x.token_ids == a for x, a in zip(res, ref)), "prompts": len(res),
-                "per_prompt_tau": [x.mean_acceptance_length for x in res]}
+                "per_prompt_tau": [x.mean_acceptance_length for x in res],
+                "per_prompt": [{"id": p.get("id", str(i)), "tau": x.mean_acceptance_length, "steps": len(x.steps)}
+                               for i, (p, x) in enumerate(zip(prompts, res))]}
         for key, row in rows.items():               # ratios against the same drafter's chain and against ar
             chain = rows.get(f"{row['label']}@0")
             if row["label"] != "ar":
@@ -155,6 +165,42 @@ def summary(results: dict) -> dict:
                                                   "lossless": sum(r["lossless"] for r in rs),
                                                   "prompts": sum(r["prompts"] for r in rs)}
     return out
+
+
+def compare(results: dict, a: str, b: str) -> dict:
+    """Per set and N: per-prompt τ of family a minus family b (seeds pooled: seed k of a pairs with seed k of b when
+    both are labelled `family/k`, otherwise every seed of one with every seed of the other), mean, 95% CI, wins."""
+    from domino_lab.evaluate import paired
+
+    out: dict = {}
+    for s, rows in results.items():
+        by_n: dict = {}
+        for row in rows.values():
+            fam, _, seed = row["label"].partition("/")
+            if fam in (a, b):
+                by_n.setdefault(row["nodes"], {}).setdefault(fam, {})[seed] = row
+        for n, fams in sorted(by_n.items()):
+            if a not in fams or b not in fams:
+                continue
+            seeds = sorted(set(fams[a]) & set(fams[b])) or None
+            pairs = [(k, k) for k in seeds] if seeds else [(x, y) for x in fams[a] for y in fams[b]]
+            pa = [dict(p, id=f"{x}/{y}/{p['id']}") for x, y in pairs for p in fams[a][x]["per_prompt"]]
+            pb = [dict(p, id=f"{x}/{y}/{p['id']}") for x, y in pairs for p in fams[b][y]["per_prompt"]]
+            out.setdefault(s, {})[n] = paired({"per_prompt": pa, "tau": 1.0}, {"per_prompt": pb, "tau": 1.0})
+    return out
+
+
+def compare_table(cmp: dict, a: str, b: str) -> str:
+    lines = [f"Per-prompt τ({a}) − τ({b}), paired, at each N (chain = N 0):", "",
+             "| set | N | prompts | mean Δτ | 95% CI | wins / losses / ties |", "|" + "---|" * 6]
+    for s, per_n in cmp.items():
+        for n, pr in per_n.items():
+            if not pr.get("n"):
+                continue
+            lo, hi = pr["ci95"]
+            lines.append(f"| {s} | {'chain' if n == 0 else n} | {pr['n']} | {pr['mean_diff']:+.2f} | "
+                         f"[{lo:+.2f}, {hi:+.2f}] | {pr['wins']} / {pr['losses']} / {pr['ties']} |")
+    return "\n".join(lines)
 
 
 def _pm(v, f="{:.2f}"):
@@ -217,14 +263,17 @@ def main(argv=None) -> int:
             "wall_s": round(time.time() - started, 1)}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    cmp = compare(results, *args.compare) if args.compare else {}
     with atomic_path(out / "tree.json") as t:
-        t.write_text(json.dumps({"meta": meta, "summary": summ, "results": results}, indent=1))
+        t.write_text(json.dumps({"meta": meta, "summary": summ, "results": results,
+                                 "compare": {"families": args.compare, "by_set": cmp}}, indent=1))
     plot(summ, out / "tree.png")
     bad = [f"{s}/{k}" for s, rows in results.items() for k, r in rows.items() if r["lossless"] != r["prompts"]]
     md = table(summ)
     text = (f"# Chain vs tree verification\n\n`{meta['command']}`\n\n{meta['machine']}; {meta['date']}; "
             f"{meta['wall_s']} s; {args.limit} prompts per set, {args.max_new_tokens} new tokens, tokens/s = median "
             f"of {args.rounds} interleaved rounds\n\n{md}\n\n"
+            + (compare_table(cmp, *args.compare) + "\n\n" if cmp else "")
             + (f"**Output differs from `ar` for {bad}.**\n\n" if bad else
                "Every configuration's output equals plain greedy decoding on every prompt.\n\n")
             + "![τ and tokens/s against N](tree.png)\n")

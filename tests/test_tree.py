@@ -405,6 +405,13 @@ def test_tree_experiment_smoke(tmp_path):
     assert all(r["lossless"] == r["prompts"] == 1 for r in rows.values())
     assert (tmp_path / "tree.png").exists() and "| math | dflash | 4 |" in (tmp_path / "tree.md").read_text()
     assert not math.isnan(rows["dflash@4"]["tau"][0])
+    # the first two families are compared prompt by prompt at every N: the same decodes, so Δτ is exactly 0
+    cmp = data["compare"]
+    assert cmp["families"] == ["dflash", "sure"] and set(cmp["by_set"]["math"]) == {"0", "4"}
+    assert cmp["by_set"]["math"]["0"]["mean_diff"] == 0 and cmp["by_set"]["math"]["0"]["n"] == 1
+    assert "Per-prompt τ(dflash) − τ(sure)" in (tmp_path / "tree.md").read_text()
+    with pytest.raises(UserError, match="--compare"):
+        experiment.parse_args(["--drafter", "a=default", "--compare", "a", "b"])
 
 
 def test_min_path_probability_keeps_the_likely_subtree():
