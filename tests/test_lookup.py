@@ -122,3 +122,34 @@ def test_batched_decoding_with_lookup_is_lossless_and_copies(embedded):
     # the looping HumanEval prompt (index 3) commits more per step once its row copies
     tau = [sum(a) / len(a) for a in (alone.acceptance_lengths[3], res.acceptance_lengths[3])]
     assert tau[1] > tau[0] + 0.5, tau
+
+
+def test_copy_gap_classifies_steps_by_what_a_copy_would_have_drafted(tmp_path):
+    """experiments/copy_gap.py: a step where the text quotes itself is `copy right` with the copy's accepted length,
+    one whose suffix is new is `no copy`; the script runs end to end and checks every decode against plain."""
+    import json
+    import sys
+    from pathlib import Path
+
+    from domino_lab.decoding import StepRecord
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "experiments"))
+    import copy_gap
+
+    text = [5, 6, 7, 8, 5, 6, 7, 8, 5, 9]
+    loop = StepRecord(start=6, anchor=7, draft_tokens=[9, 9, 9], accepted=0, bonus=8, committed=[8],
+                      draft_time_s=0.0, verify_time_s=0.0)
+    fresh = StepRecord(start=2, anchor=7, draft_tokens=[8, 1], accepted=1, bonus=5, committed=[8, 5],
+                       draft_time_s=0.0, verify_time_s=0.0)
+    rows = copy_gap.classify([loop, fresh], text, 3)
+    assert rows == [{"class": "copy right", "accepted": 0, "copy": 2}, {"class": "no copy", "accepted": 1, "copy": 0}]
+    t = copy_gap.tally(rows)
+    assert t["copy right"]["share"] == 0.5 and t["copy wrong"]["steps"] == 0 and t["no copy"]["first_accepted"] == 1.0
+    with pytest.raises(UserError, match="--min-ngram"):
+        copy_gap.parse_args(["--min-ngram", "0"])
+    assert copy_gap.main(["--quick", "--limit", "1", "--sets", "math", "--drafter", "dflash=default-dflash",
+                          "--out", str(tmp_path)]) == 0
+    data = json.loads((tmp_path / "copy_gap.json").read_text())
+    r = data["results"]["math"]["dflash"]
+    assert r["lossless"] == r["prompts"] == 1 and abs(sum(c["share"] for c in r["classes"].values()) - 1) < 1e-9
+    assert "| math | dflash |" in (tmp_path / "copy_gap.md").read_text()
