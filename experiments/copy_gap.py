@@ -124,11 +124,9 @@ def run(args) -> dict:
     return results
 
 
-def _f(v, fmt="{:.2f}"):
-    return "–" if v is None else fmt.format(v)
-
-
 def table(results: dict) -> str:
+    from domino_lab.bench import _fmt as _f
+
     lines = ["| set | drafter | step class | share of steps | first draft accepted | drafts accepted / step | "
              "copy accepted / step |", "|" + "---|" * 7]
     for s, per in results.items():

@@ -170,23 +170,18 @@ def summary(results: dict) -> dict:
 def compare(results: dict, a: str, b: str) -> dict:
     """Per set and N: per-prompt τ of family a minus family b (seeds pooled: seed k of a pairs with seed k of b when
     both are labelled `family/k`, otherwise every seed of one with every seed of the other), mean, 95% CI, wins."""
-    from domino_lab.evaluate import paired
+    from domino_lab.experiments.report import pooled_pair
 
     out: dict = {}
     for s, rows in results.items():
-        by_n: dict = {}
+        by_n: dict = {}                  # N -> family -> seed -> row, the shape pooled_pair reads
         for row in rows.values():
             fam, _, seed = row["label"].partition("/")
-            if fam in (a, b):
-                by_n.setdefault(row["nodes"], {}).setdefault(fam, {})[seed] = row
-        for n, fams in sorted(by_n.items()):
-            if a not in fams or b not in fams:
-                continue
-            seeds = sorted(set(fams[a]) & set(fams[b])) or None
-            pairs = [(k, k) for k in seeds] if seeds else [(x, y) for x in fams[a] for y in fams[b]]
-            pa = [dict(p, id=f"{x}/{y}/{p['id']}") for x, y in pairs for p in fams[a][x]["per_prompt"]]
-            pb = [dict(p, id=f"{x}/{y}/{p['id']}") for x, y in pairs for p in fams[b][y]["per_prompt"]]
-            out.setdefault(s, {})[n] = paired({"per_prompt": pa, "tau": 1.0}, {"per_prompt": pb, "tau": 1.0})
+            by_n.setdefault(row["nodes"], {}).setdefault(fam, {})[seed] = row
+        for n, cell in sorted(by_n.items()):
+            pr = pooled_pair(cell, a, b)
+            if pr is not None:
+                out.setdefault(s, {})[n] = pr
     return out
 
 
