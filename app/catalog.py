@@ -87,6 +87,9 @@ class Catalog:
         drafters = [Entry("default", "default (shipped Domino)", "default"),
                     Entry("default-dflash", "default-dflash (shipped DFlash)", "default-dflash"),
                     Entry("default-eagle", "default-eagle (shipped EAGLE-style chain)", "default-eagle"),
+                    Entry("default-copy", "default-copy (shipped Domino with the copy input)", "default-copy"),
+                    Entry("default-dflash-copy", "default-dflash-copy (shipped DFlash with the copy input)",
+                          "default-dflash-copy"),
                     Entry(PLAIN, "none (plain decoding)", None)]
         drafters += [Entry(str(d), str(d), str(d)) for d in self._extra_drafters]
         if self.runs_dir is not None:

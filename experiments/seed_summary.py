@@ -18,13 +18,16 @@ from domino_lab.evaluate import paired
 
 
 def summarize(runs: list[dict], a: str, b: str) -> dict:
+    """Per eval set that every run has both drafters on (a pair measured on some sets only is summarised there)."""
     out = {}
-    for s in runs[0]["sets"]:
+    sets = [s for s in runs[0]["sets"] if all(a in r["sets"].get(s, {}) and b in r["sets"].get(s, {}) for r in runs)]
+    if not sets:
+        names = sorted({n for r in runs for res in r["sets"].values() for n in res})
+        raise UserError(f"no eval set has drafters {a!r} and {b!r} in every run; names: {names}")
+    for s in sets:
         ratios, pooled = [], {a: [], b: []}
         for k, r in enumerate(runs):
             res = r["sets"][s]
-            if a not in res or b not in res:
-                raise UserError(f"set {s} of a run has no drafter {a!r} or {b!r}; names: {sorted(res)}")
             ratios.append(res[a]["tau"] / res[b]["tau"])
             for name in (a, b):     # one pair per (seed, prompt): ids made unique per run
                 pooled[name] += [dict(p, id=f"{k}/{p['id']}") for p in res[name]["per_prompt"]]
@@ -36,18 +39,28 @@ def summarize(runs: list[dict], a: str, b: str) -> dict:
     return out
 
 
+def load_seed(spec: str) -> dict:
+    """One seed's results: a compare_drafters.py JSON, or several joined with '+' (their drafters merged per set)."""
+    merged: dict = {"sets": {}}
+    for f in spec.split("+"):
+        try:
+            run = json.loads(Path(f).read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise UserError(f"cannot read {f}: {e}") from None
+        for s, res in run["sets"].items():
+            merged["sets"].setdefault(s, {}).update(res)
+    return merged
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--runs", nargs="+", required=True, help="compare_drafters.py JSON files, one per seed")
+    p.add_argument("--runs", nargs="+", required=True,
+                   help="compare_drafters.py JSON files, one per seed; A.json+B.json joins two runs of one seed "
+                        "(drafters measured in separate invocations)")
     p.add_argument("--pair", nargs=2, action="append", required=True, metavar=("A", "B"))
     p.add_argument("--out", required=True, help="markdown output (JSON beside it)")
     args = p.parse_args(argv)
-    runs = []
-    for f in args.runs:
-        try:
-            runs.append(json.loads(Path(f).read_text()))
-        except (OSError, json.JSONDecodeError) as e:
-            raise UserError(f"cannot read {f}: {e}") from None
+    runs = [load_seed(spec) for spec in args.runs]
     result = {f"{a}_vs_{b}": summarize(runs, a, b) for a, b in args.pair}
     lines = [f"Seeds: {len(runs)} ({', '.join(args.runs)})", "",
              "| pair | set | τ ratio per seed | mean ± sd | pooled per-prompt Δτ (95% CI) | wins/losses |",

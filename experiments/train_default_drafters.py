@@ -27,7 +27,8 @@ ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "experiments" / "configs"
 RESULTS = ROOT / "experiments" / "results"
 SHIP = {"domino": ("drafter-domino", "default"), "dflash": ("drafter-dflash", "default-dflash"),
-        "eagle": ("drafter-eagle", "default-eagle")}
+        "eagle": ("drafter-eagle", "default-eagle"), "domino_copy": ("drafter-domino-copy", "default-copy"),
+        "dflash_copy": ("drafter-dflash-copy", "default-dflash-copy")}
 
 
 def run_dir(runs: Path, recipe: str, seed: int) -> Path:

@@ -129,3 +129,28 @@ def test_command_line_overrides(tmp_path):
                        capture_output=True, text=True, cwd=ROOT)
     assert p.returncode != 0 and "unknown config key 'bogus'" in p.stderr and p.stderr.strip().count("\n") == 0
     assert not (tmp_path / "runs").exists() and not (tmp_path / "out").exists()
+
+
+def test_seed_summary_joins_runs_of_one_seed_and_pairs_on_common_sets(tmp_path):
+    """`A.json+B.json` merges two invocations of one seed; a pair is summarised on the sets both drafters were
+    measured on in every seed, and a pair measured nowhere is one clear error."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "experiments"))
+    import seed_summary
+
+    def run(name, taus, sets):
+        return {"sets": {s: {name: {"tau": sum(taus) / len(taus),
+                                     "per_prompt": [{"id": f"{s}/{i}", "tau": t, "steps": 4} for i, t in enumerate(taus)]}}
+                         for s in sets}}
+
+    files = []
+    for seed in range(2):
+        a, b = tmp_path / f"a{seed}.json", tmp_path / f"b{seed}.json"
+        a.write_text(json.dumps(run("new", [3.0 + seed, 4.0, 5.0], ["math", "code"])))
+        b.write_text(json.dumps(run("old", [2.0, 3.0 + seed, 4.0], ["math"])))
+        files.append(f"{a}+{b}")
+    out = tmp_path / "s.md"
+    assert seed_summary.main(["--runs", *files, "--pair", "new", "old", "--out", str(out)]) == 0
+    res = json.loads(out.with_suffix(".json").read_text())["new_vs_old"]
+    assert list(res) == ["math"] and res["math"]["n"] == 6 and res["math"]["pooled_diff"] == pytest.approx(1.0)
+    with pytest.raises(UserError, match="no eval set has drafters"):
+        seed_summary.main(["--runs", *files, "--pair", "new", "nope", "--out", str(out)])

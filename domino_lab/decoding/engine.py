@@ -17,7 +17,7 @@ from ..errors import UserError
 from ..validation import check_seed
 from .records import GenerationResult, StepRecord
 from . import tree as trees
-from .lookup import NgramLookup
+from .lookup import NgramLookup, copy_index, copy_inputs
 from .. import sampling
 
 
@@ -99,6 +99,9 @@ def speculative_generate(target, drafter=None, prompt: str | None = None, prompt
     steps: list[StepRecord] = []
     stop = "eos" if tokens[-1] in eos else None
     lookup = NgramLookup(min_copy, ids + tokens) if min_copy else None
+    # a drafter with a copy input reads each block's copy candidates (models/block.py#CopyInput)
+    copy_k = drafter.config.copy_ngram if drafter is not None else 0
+    copier = copy_index(copy_k, ids + tokens) if copy_k else None
 
     while stop is None and len(tokens) < max_new_tokens:
         anchor = tokens[-1]
@@ -106,9 +109,10 @@ def speculative_generate(target, drafter=None, prompt: str | None = None, prompt
         n = min(n_drafts, remaining - 1)   # the bonus token takes the last slot of the budget
         t0 = time.perf_counter()
         copy = lookup.propose(n)[0] if lookup is not None and n > 0 else []
+        cands = copy_inputs([copier], n_drafts, dev, target.dtype) if copier is not None and n > 0 and not copy else None
         if tree_nodes and not copy:
             rec, new_feats = _tree_step(target, drafter, cache, draft_cache, pending, pending_start, anchor, start,
-                                        n, tree_nodes, taps, eos, max_new_tokens - len(tokens), topk)
+                                        n, tree_nodes, taps, eos, max_new_tokens - len(tokens), topk, cands)
             if n > 0:
                 pending = None                     # the drafter has taken it into its cache
         else:
@@ -120,7 +124,8 @@ def speculative_generate(target, drafter=None, prompt: str | None = None, prompt
                 ctx_ids = torch.tensor([seq[pending_start:start]], device=dev) if pending is not None else None
                 draft = drafter.draft(pending[None] if pending is not None else None, pending_start,
                                       torch.tensor([anchor], device=dev), start, draft_cache, n=n,
-                                      temperature=temperature, top_p=top_p, generator=gen, topk=topk, ctx_ids=ctx_ids)
+                                      temperature=temperature, top_p=top_p, generator=gen, topk=topk, ctx_ids=ctx_ids,
+                                      copy=cands)
                 pending = None
                 drafts = draft.tokens[0]
                 if drafter.options.draft_cutoff > 0:      # verify only the drafts likely to be accepted
@@ -161,6 +166,8 @@ def speculative_generate(target, drafter=None, prompt: str | None = None, prompt
         tokens.extend(rec.committed)
         if lookup is not None:
             lookup.update(rec.committed, rec.accepted, len(rec.draft_tokens), rec.copied)
+        if copier is not None:
+            copier.extend(rec.committed)
         start += rec.accepted + 1
         if on_step is not None:
             on_step(rec)
@@ -195,7 +202,7 @@ def check_lookup_mode(drafter, lookup: int) -> None:
 
 
 def _tree_step(target, drafter, cache, draft_cache, pending, pending_start, anchor, start, n, tree_nodes, taps, eos,
-               room, topk):
+               room, topk, copy=None):
     """One tree round at `anchor` (position `start`): draft a tree of up to `tree_nodes` nodes and depth
     n, verify it in one target forward, accept the longest path the target agrees with plus its bonus, and keep
     only that path in the target's cache. Returns the step record and the tapped features of the anchor and the
@@ -206,7 +213,8 @@ def _tree_step(target, drafter, cache, draft_cache, pending, pending_start, anch
     tree = trees.Tree()
     if n > 0:
         expander = drafter.tree_expander(pending[None] if pending is not None else None, pending_start,
-                                         torch.tensor([anchor], device=dev), start, draft_cache, n=n, topk=topk)
+                                         torch.tensor([anchor], device=dev), start, draft_cache, n=n, topk=topk,
+                                         copy=copy)
         p_min = drafter.options.tree_min_prob
         tree = trees.build_tree(expander, tree_nodes, n, topk, math.log(p_min) if p_min > 0 else -math.inf)
     t1 = time.perf_counter()

@@ -8,6 +8,10 @@ calling the drafter (which then skips that step: its context catches up at the n
 """
 from __future__ import annotations
 
+from collections import deque
+
+import torch
+
 MAX_NGRAM = 16      # longest suffix matched; longer matches are tried first (they are the most reliable)
 
 
@@ -15,7 +19,7 @@ class NgramLookup:
     """An index from every n-gram (min_ngram ≤ n ≤ MAX_NGRAM) of the sequence so far to the position right after
     its latest occurrence, kept up to date token by token (O(MAX_NGRAM) per token, no rescans)."""
 
-    def __init__(self, min_ngram: int, tokens: list[int] = (), adaptive: bool = True):
+    def __init__(self, min_ngram: int, tokens: list[int] = (), adaptive: bool = True, track: int = 0):
         if min_ngram < 1:
             raise ValueError("min_ngram must be >= 1")
         self.min_ngram = min_ngram
@@ -24,10 +28,16 @@ class NgramLookup:
         self._drafted = self._drafted_accepted = 0
         self.seq: list[int] = []
         self._after: dict[tuple[int, ...], int] = {}
+        # track > 0: for the last `track` tokens, whether a copy would have drafted each one as its first token
+        # (1), drafted another (0), or had no match (None): how well copying has done in this text so far
+        self.recent: deque | None = deque(maxlen=track) if track else None
         self.extend(tokens)
 
     def extend(self, tokens) -> None:
         for t in tokens:
+            if self.recent is not None:
+                guess = self.propose(1)[0]
+                self.recent.append((guess[0] == int(t)) if guess else None)
             self.seq.append(int(t))
             j = len(self.seq) - 1          # the n-grams ending just before j now have a continuation: seq[j]
             for n in range(self.min_ngram, min(MAX_NGRAM, j) + 1):
@@ -68,3 +78,50 @@ class NgramLookup:
             self.need = min(self.need + 1, MAX_NGRAM)
         elif accepted == proposed:
             self.need = max(self.need - 1, self.min_ngram)
+
+
+# ---- candidates for drafters with a copy input (DrafterConfig.copy_ngram) ---------------------------------------
+# Such a drafter reads, for each slot of its block, the token a copy would draft there (docs/design.md#copy-input);
+# training and decoding compute the candidates with the same index, so the drafter sees the same inputs in both.
+
+COPY_TRACK = 32     # tokens over which a copy drafter's inputs count the copy's recent hits and misses
+
+
+def copy_index(min_ngram: int, tokens: list[int] = ()) -> NgramLookup:
+    """The index a drafter with a copy input reads its candidates from (fixed match length, hits tracked)."""
+    return NgramLookup(min_ngram, tokens, adaptive=False, track=COPY_TRACK)
+
+
+def _inputs(ix: NgramLookup, n: int) -> tuple[list[int], int, list[float]]:
+    toks, m = ix.propose(n)
+    hits = sum(1 for h in ix.recent if h)
+    misses = sum(1 for h in ix.recent if h is False)
+    return toks + [-1] * (n - len(toks)), m, [hits / COPY_TRACK, misses / COPY_TRACK]
+
+
+def copy_inputs(indexes: list[NgramLookup], n: int, device=None, dtype=torch.float32):
+    """A drafter's `copy` argument from each row's index (copy_index): candidates [b, n] (-1 where the copy has no
+    token), matched suffix lengths [b] (0 = no match) and the copy's recent record [b, 2] (the fractions of the
+    last COPY_TRACK tokens a copy drafted right and wrong)."""
+    rows = [_inputs(ix, n) for ix in indexes]
+    return (torch.tensor([r[0] for r in rows], dtype=torch.long, device=device),
+            torch.tensor([r[1] for r in rows], dtype=torch.long, device=device),
+            torch.tensor([r[2] for r in rows], dtype=dtype, device=device))
+
+
+def block_copy_inputs(input_ids: torch.Tensor, anchors: torch.Tensor, n: int, min_ngram: int, dtype=torch.float32):
+    """Training-time copy inputs of every block: for the block at anchor a of row i, what an index over
+    input_ids[i, : a + 1] gives (the text up to and including the anchor, as at decoding time).
+    input_ids [b, S], anchors [b, N] -> (candidates [b, N, n], matched lengths [b, N], records [b, N, 2])."""
+    out = []
+    for seq, anc in zip(input_ids.tolist(), anchors.tolist()):
+        ix = copy_index(min_ngram)
+        per = {}
+        for a in sorted(set(anc)):
+            ix.extend(seq[len(ix.seq): a + 1])
+            per[a] = _inputs(ix, n)
+        out.append([per[a] for a in anc])
+    dev = input_ids.device
+    return (torch.tensor([[r[0] for r in row] for row in out], dtype=torch.long, device=dev),
+            torch.tensor([[r[1] for r in row] for row in out], dtype=torch.long, device=dev),
+            torch.tensor([[r[2] for r in row] for row in out], dtype=dtype, device=dev))

@@ -6,6 +6,7 @@ docs/design.md#the-parallel-backbone and #the-domino-head give the equations.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from ..sampling import sample_from, top_children
@@ -26,12 +27,55 @@ class BlockDrafter(Drafter):
     def build(self, config: DrafterConfig) -> None:
         self.backbone = Backbone(config)
         self.head = None
+        self.copy_input = CopyInput(config.hidden_size) if config.copy_ngram else None
+
+    def _init_weights(self):
+        super()._init_weights()
+        if self.copy_input is not None:
+            self.copy_input.reset_parameters()
 
     def body_parts(self) -> dict[str, nn.Module]:
-        return {"backbone": self.backbone, **({"head": self.head} if self.head is not None else {})}
+        return {"backbone": self.backbone, **({"head": self.head} if self.head is not None else {}),
+                **({"copy_input": self.copy_input} if self.copy_input is not None else {})}
+
+    # ---- copy input ----------------------------------------------------------------------------
+    def _block_embeddings(self, block_ids: torch.Tensor, copy) -> torch.Tensor:
+        """Embeddings of blocks [*lead, B] of token ids -> [*lead, B, H]; with a copy input, each draft's slot also
+        reads its candidate, the matched length and the copy's recent record (copy = (candidates [*lead, n], lengths
+        [*lead], records [*lead, 2]) from decoding/lookup.py, or None = no candidate anywhere)."""
+        if self.copy_input is None:
+            return self.embed(block_ids)
+        cfg = self.config
+        n, lead = cfg.num_drafts, block_ids.shape[:-1]
+        emb = self.embed(block_ids)
+        if copy is None:
+            cands = torch.full((*lead, n), -1, dtype=torch.long, device=block_ids.device)
+            lens = torch.zeros(lead, dtype=torch.long, device=block_ids.device)
+            record = emb.new_zeros(*lead, 2)
+        else:
+            cands, lens, record = copy
+            cands = F.pad(cands[..., :n], (0, n - min(n, cands.shape[-1])), value=-1)
+        add = self.copy_input(self.embed(cands.clamp(min=0)), cands >= 0, lens, record.to(emb.dtype))
+        return emb + F.pad(add, (0, 0, cfg.first_draft_slot, cfg.block_size - cfg.first_draft_slot - n))
+
+    def _draft_logits(self, h: torch.Tensor, copy) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Draft logits of h [b, m, H] and the vocabulary ids of their columns (None = the whole vocabulary). An
+        FR-Spec list is extended by the copy candidates outside it: a copy drafts the text's own tokens, which
+        may be rare ones (names in a prompt) that the frequency list leaves out."""
+        base, vm = self.draft_lm_head(h), self.draft_vocab
+        if vm is None or copy is None or self.copy_input is None:
+            return base, vm
+        extra = copy[0][copy[0] >= 0].unique()
+        extra = extra[~torch.isin(extra, vm)]
+        if not extra.numel():
+            return base, vm
+        lm = self.target.lm_head
+        bias = getattr(lm, "bias", None)
+        more = F.linear(h, lm.weight[extra], bias[extra] if bias is not None else None)
+        return torch.cat([base, more], dim=-1), torch.cat([vm, extra])
 
     # ---- inference -----------------------------------------------------------------------------
-    def _block_states(self, ctx_feats, ctx_start, anchor, start, cache, key_valid=None) -> torch.Tensor:
+    def _block_states(self, ctx_feats, ctx_start, anchor, start, cache, key_valid=None, copy=None) -> torch.Tensor:
         """The backbone's states [b, block_size, H] of the block `[anchor, MASK, ...]` at `start`; the new context
         enters the draft cache, and only context K/V stay in it afterwards."""
         cfg = self.config
@@ -47,23 +91,23 @@ class BlockDrafter(Drafter):
             ctx_pos = ctx_start if ctx_start.dim() == 2 else (      # [b, C]: every slot's own position
                 ctx_start.reshape(-1, 1) + torch.arange(ctx_feats.shape[1], device=dev)).expand(b, -1)
         mask = key_valid[:, None, None, :] if key_valid is not None else None    # broadcast over heads, queries
-        hs = self.backbone(self.embed(block_ids), block_pos, ctx_feats, ctx_pos, mask=mask, cache=cache)
+        hs = self.backbone(self._block_embeddings(block_ids, copy), block_pos, ctx_feats, ctx_pos, mask=mask,
+                           cache=cache)
         if cache is not None:
             cache.crop(-cfg.block_size)      # keep context K/V only; block K/V are recomputed every round
         return hs
 
     @torch.no_grad()
     def draft(self, ctx_feats, ctx_start, anchor, start, cache, n=None, temperature=0.0, top_p=1.0, generator=None,
-              topk=5, key_valid=None, ctx_ids=None) -> Draft:
+              topk=5, key_valid=None, ctx_ids=None, copy=None) -> Draft:
         cfg = self.config
         n = cfg.num_drafts if n is None else min(n, cfg.num_drafts)
-        hs = self._block_states(ctx_feats, ctx_start, anchor, start, cache, key_valid)
+        hs = self._block_states(ctx_feats, ctx_start, anchor, start, cache, key_valid, copy)
         impl = self.options.head_impl
         # the compiled rollout always drafts every slot (one graph per shape); it keeps the first n itself
         m = cfg.num_drafts if self.uses_head and impl == "compiled" and temperature <= 0 else n
         h = hs[:, cfg.first_draft_slot: cfg.first_draft_slot + m]
-        base = self.draft_lm_head(h)         # [b, m, V] (FR-Spec: [b, m, K]): all slots in one parallel pass
-        vm = self.draft_vocab
+        base, vm = self._draft_logits(h, copy)   # [b, m, V] (FR-Spec: [b, m, K]): all slots in one parallel pass
         k = min(topk, base.shape[-1])
         bt = base[:, :n].topk(k, dim=-1)
         bt = (to_vocab(bt.indices, vm), bt.values)
@@ -77,7 +121,7 @@ class BlockDrafter(Drafter):
         return Draft(r.tokens, r.q, bt, r.top)
 
     @torch.no_grad()
-    def tree_expander(self, ctx_feats, ctx_start, anchor, start, cache, n: int, topk: int = 5):
+    def tree_expander(self, ctx_feats, ctx_start, anchor, start, cache, n: int, topk: int = 5, copy=None):
         """Tree drafting (decoding/tree.py): one backbone pass for the block at `start` (one sequence, anchor [1];
         the draft cache grows by ctx_feats as in `draft`), then an expander that scores the children of any node of
         the draft tree up to depth n. Without the head every node at depth i has the same children, slot i's
@@ -86,10 +130,9 @@ class BlockDrafter(Drafter):
         if anchor.shape[0] != 1:
             raise ValueError("tree drafting takes one sequence at a time")
         n = min(n, cfg.num_drafts)
-        hs = self._block_states(ctx_feats, ctx_start, anchor, start, cache)
+        hs = self._block_states(ctx_feats, ctx_start, anchor, start, cache, copy=copy)
         h = hs[:, cfg.first_draft_slot: cfg.first_draft_slot + n]
-        base = self.draft_lm_head(h)                 # [1, n, V] (FR-Spec: [1, n, K])
-        vm = self.draft_vocab
+        base, vm = self._draft_logits(h, copy)       # [1, n, V] (FR-Spec: [1, n, K])
         bt = base.topk(min(topk, base.shape[-1]), dim=-1)
         base_top = (to_vocab(bt.indices, vm)[0], bt.values[0])
         if not self.uses_head:
@@ -98,15 +141,16 @@ class BlockDrafter(Drafter):
                                   vm, base_top, self.options.head_impl)
 
     @torch.no_grad()
-    def block_logits(self, ctx_feats: torch.Tensor, start: int, anchor: int, prefix: list[int]) -> torch.Tensor:
+    def block_logits(self, ctx_feats: torch.Tensor, start: int, anchor: int, prefix: list[int], copy=None
+                     ) -> torch.Tensor:
         """Final logits [1, n, V] of one block anchored at position `start`, its context the target features
         ctx_feats [1, start, n_taps * H] of positions 0..start-1, the head reading the given drafts `prefix`
         (teacher forcing): what another implementation computes for the same block (the interop fixture)."""
         cfg = self.config
         block = torch.full((1, cfg.block_size), cfg.mask_token_id, device=ctx_feats.device)
         block[0, 0] = anchor
-        hs = self.backbone(self.embed(block), torch.arange(start, start + cfg.block_size)[None], ctx_feats,
-                           torch.arange(start)[None])
+        hs = self.backbone(self._block_embeddings(block, copy), torch.arange(start, start + cfg.block_size)[None],
+                           ctx_feats, torch.arange(start)[None])
         h = hs[:, cfg.first_draft_slot: cfg.first_draft_slot + cfg.num_drafts]
         base = self.lm_head(h)
         if not self.uses_head:
@@ -114,8 +158,8 @@ class BlockDrafter(Drafter):
         return self.head.corrected_logits(h, base, self.embed(torch.tensor([[anchor] + list(prefix)])))
 
     # ---- training ------------------------------------------------------------------------------
-    def training_blocks(self, ctx_feats, input_ids, loss_mask, anchors, keep, prefix_mode="teacher_forcing"
-                        ) -> BlockBatch:
+    def training_blocks(self, ctx_feats, input_ids, loss_mask, anchors, keep, prefix_mode="teacher_forcing",
+                        copy=None) -> BlockBatch:
         """Keys are [context (S target features) | block_0 | ... | block_{N-1}]: each block `[x_a, MASK, ...]` at
         positions a..a+B-1 sees context strictly before its anchor and its own slots only. Draft i of the block at
         anchor a predicts x_{a+1+i} in both label conventions (see DrafterConfig.shift_label)."""
@@ -129,7 +173,8 @@ class BlockDrafter(Drafter):
         block_pos = (anchors[:, :, None] + offs).reshape(b, n_blk * bs)
         mask = block_attention_mask(anchors, keep, s, bs)
         ctx_pos = torch.arange(s, device=dev).expand(b, -1)
-        hs = self.backbone(self.embed(block_ids.reshape(b, -1)), block_pos, ctx_feats, ctx_pos, mask=mask)
+        emb = self._block_embeddings(block_ids, copy).reshape(b, n_blk * bs, -1)
+        hs = self.backbone(emb, block_pos, ctx_feats, ctx_pos, mask=mask)
         hs = hs.view(b, n_blk, bs, -1)[:, :, cfg.first_draft_slot: cfg.first_draft_slot + n]
 
         labels, valid = draft_labels(input_ids, loss_mask, anchors, keep, n)
@@ -151,6 +196,36 @@ class BlockDrafter(Drafter):
             final = base
         v = base.shape[-1]
         return BlockBatch(base.view(b, n_blk, n, v), final.view(b, n_blk, n, v), labels, valid, prefix)
+
+
+class CopyInput(nn.Module):
+    """What a slot reads of its copy candidate: the candidate's embedding through a learned map (initialised to the
+    identity, so the candidate enters the residual stream as a token would), plus an embedding of the matched suffix
+    length and a projection of the copy's recent record in this text (hits and misses over its last tokens; both
+    initialised to zero): a long match in text that keeps repeating itself is worth copying, a short one in text
+    that does not is chance."""
+
+    MAX_MATCH = 16      # longer matches share the last length embedding
+
+    def __init__(self, hidden_size: int):
+        super().__init__()
+        self.proj = nn.Linear(hidden_size, hidden_size, bias=False)
+        self.length = nn.Embedding(self.MAX_MATCH + 1, hidden_size)
+        self.record = nn.Linear(2, hidden_size, bias=False)
+
+    def reset_parameters(self) -> None:
+        with torch.no_grad():
+            self.proj.weight.copy_(torch.eye(self.proj.in_features))
+            self.length.weight.zero_()
+            self.record.weight.zero_()
+
+    def forward(self, cand_emb: torch.Tensor, has: torch.Tensor, lengths: torch.Tensor, record: torch.Tensor
+                ) -> torch.Tensor:
+        """cand_emb [*lead, n, H], has [*lead, n] (False = no candidate: nothing added), lengths [*lead],
+        record [*lead, 2]."""
+        add = (self.proj(cand_emb) + (self.length(lengths.clamp(0, self.MAX_MATCH))
+                                       + self.record(record))[..., None, :])
+        return add * has[..., None].to(add.dtype)
 
 
 class SlotMarginals:

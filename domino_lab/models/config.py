@@ -44,6 +44,10 @@ class DrafterConfig:
     # residual stream as in an EAGLE-style chain instead of arriving only through attention over the context
     # (docs/design.md#the-first-draft-gap). Not part of the DFlash/Domino release layouts.
     anchor_feature: bool = False
+    # Copy input (block drafters; 0 = off): each slot also reads the token that copying the text would draft there
+    # (the continuation of the latest earlier occurrence of the text's last >= copy_ngram tokens) and the matched
+    # length, so the drafter learns when to copy and when to predict (docs/design.md#copy-input).
+    copy_ngram: int = 0
     # Domino head (ignored for dflash).
     gru_hidden: int = 256             # g
     rank: int = 64                    # r
@@ -64,6 +68,8 @@ class DrafterConfig:
             raise UserError("num_attention_heads must be a multiple of num_key_value_heads")
         if not 0 <= self.frspec_k <= self.vocab_size:
             raise UserError(f"frspec_k must be in [0, vocab_size={self.vocab_size}] (0 = off), got {self.frspec_k}")
+        if not 0 <= self.copy_ngram <= 16:
+            raise UserError(f"copy_ngram must be in [0, 16] (0 = no copy input), got {self.copy_ngram}")
         for name in ("num_layers", "gru_hidden", "rank", "head_dim"):
             if getattr(self, name) < 1:
                 raise UserError(f"{name} must be >= 1 (got {getattr(self, name)})")

@@ -129,6 +129,9 @@ class EagleDrafter(Drafter):
         if config.num_layers != 1:
             raise UserError(f"the eagle drafter has exactly one decoder layer (EAGLE-3); got "
                             f"num_layers={config.num_layers}")
+        if config.copy_ngram:
+            raise UserError("the copy input (copy_ngram > 0) is for block drafters (dflash, domino); the eagle "
+                            "drafter drafts one token at a time: use copy_ngram 0, or lookup drafting (--lookup)")
 
     def build(self, config: DrafterConfig) -> None:
         self.chain = EagleModel(config)
@@ -140,7 +143,7 @@ class EagleDrafter(Drafter):
 
     @torch.no_grad()
     def draft(self, ctx_feats, ctx_start, anchor, start, cache, n=None, temperature=0.0, top_p=1.0, generator=None,
-              topk=5, key_valid=None, ctx_ids=None) -> Draft:
+              topk=5, key_valid=None, ctx_ids=None, copy=None) -> Draft:
         """Single sequence only: the batched decoder asks `supports_batched` and refuses eagle."""
         n = self.config.num_drafts if n is None else min(n, self.config.num_drafts)
         if anchor.shape[0] != 1 or key_valid is not None or torch.as_tensor(start).numel() != 1:
@@ -168,8 +171,8 @@ class EagleDrafter(Drafter):
         q = torch.stack(qs, dim=1) if temperature > 0 else None
         return Draft(torch.stack(tokens, dim=1), q, top, top)
 
-    def training_blocks(self, ctx_feats, input_ids, loss_mask, anchors, keep, prefix_mode="teacher_forcing"
-                        ) -> BlockBatch:
+    def training_blocks(self, ctx_feats, input_ids, loss_mask, anchors, keep, prefix_mode="teacher_forcing",
+                        copy=None) -> BlockBatch:
         """Training-time test: n chain steps from each anchor, ground-truth tokens with the drafter's own features
         after step 0 (prefix_mode does not apply: that is EAGLE-3's training). Step j, read at the row before the
         anchor a, predicts x_{a+1+j}: the same [b, N, n, V] layout as the block drafters'."""

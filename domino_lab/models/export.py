@@ -126,6 +126,9 @@ def check_exportable(cfg: DrafterConfig, fmt: str) -> None:
     if cfg.anchor_feature:
         raise UserError("this drafter adds the state before the anchor to its block inputs (anchor_feature=true); "
                         "the release layouts have no such projection. Export a drafter trained without it")
+    if cfg.copy_ngram:
+        raise UserError(f"this drafter reads copy candidates in its block inputs (copy_ngram={cfg.copy_ngram}); the "
+                        "release layouts have no copy input. Export a drafter trained with copy_ngram 0")
     if fmt == "domino" and cfg.method != "domino":
         raise UserError("--format domino holds a Domino head and this is a dflash drafter; "
                         "use --format dflash (shift_label=False drafters) or --format speculators")

@@ -13,6 +13,7 @@ import torch
 from transformers import get_cosine_schedule_with_warmup
 
 from ..decoding import speculative_generate
+from ..decoding.lookup import block_copy_inputs
 from ..decoding.metrics import StepTally
 from ..models import Drafter, DrafterConfig
 from .config import TrainConfig, default_gamma
@@ -62,7 +63,9 @@ class DrafterModule(pl.LightningModule):
             with torch.no_grad():
                 feats = self.target.features(ids, self.drafter.config.target_layer_ids)
         anchors, keep = sample_anchors(lm, self.cfg.loss.num_anchors, self._anchor_gen)
-        return self.drafter.training_blocks(feats, ids, lm, anchors, keep, prefix_mode)
+        k = self.drafter.config.copy_ngram
+        copy = block_copy_inputs(ids, anchors, self.drafter.config.num_drafts, k, feats.dtype) if k else None
+        return self.drafter.training_blocks(feats, ids, lm, anchors, keep, prefix_mode, copy=copy)
 
     def lambda_now(self) -> float:
         if not self.drafter.has_head:
@@ -150,7 +153,9 @@ def warm_start(drafter, src, head: bool = True, name: str = "init_from") -> set[
                             "from a drafter with the same backbone, and set the head's rank/gru_hidden to the "
                             "source's or train the head from scratch (optim.train=head)")
         take[k] = v
-    missing = set(want) - set(take) - head_keys
+    # a copy input the source lacks starts as initialised (the source then drafts as before: see CopyInput)
+    copy_keys = {k for k in want if k.split(".", 1)[0] == "copy_input"} - set(have)
+    missing = set(want) - set(take) - head_keys - copy_keys
     if missing:
         raise UserError(f"drafter.init_from {name}: the source lacks {sorted(missing)[0]}")
     drafter.load_state_dict(take, strict=False)
