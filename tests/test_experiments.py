@@ -138,9 +138,9 @@ def test_seed_summary_joins_runs_of_one_seed_and_pairs_on_common_sets(tmp_path):
     import seed_summary
 
     def run(name, taus, sets):
-        return {"sets": {s: {name: {"tau": sum(taus) / len(taus),
-                                     "per_prompt": [{"id": f"{s}/{i}", "tau": t, "steps": 4} for i, t in enumerate(taus)]}}
-                         for s in sets}}
+        def rows(s):
+            return [{"id": f"{s}/{i}", "tau": t, "steps": 4} for i, t in enumerate(taus)]
+        return {"sets": {s: {name: {"tau": sum(taus) / len(taus), "per_prompt": rows(s)}} for s in sets}}
 
     files = []
     for seed in range(2):

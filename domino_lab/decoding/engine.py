@@ -109,7 +109,8 @@ def speculative_generate(target, drafter=None, prompt: str | None = None, prompt
         n = min(n_drafts, remaining - 1)   # the bonus token takes the last slot of the budget
         t0 = time.perf_counter()
         copy = lookup.propose(n)[0] if lookup is not None and n > 0 else []
-        cands = copy_inputs([copier], n_drafts, dev, target.dtype) if copier is not None and n > 0 and not copy else None
+        use_copier = copier is not None and n > 0 and not copy
+        cands = copy_inputs([copier], n_drafts, dev, target.dtype) if use_copier else None
         if tree_nodes and not copy:
             rec, new_feats = _tree_step(target, drafter, cache, draft_cache, pending, pending_start, anchor, start,
                                         n, tree_nodes, taps, eos, max_new_tokens - len(tokens), topk, cands)

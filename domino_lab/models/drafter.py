@@ -27,7 +27,8 @@ ASSETS = Path(__file__).resolve().parent.parent / "assets"
 SHIPPED_DRAFTERS = {"default": ASSETS / "drafter-domino", "default-domino": ASSETS / "drafter-domino",
                     "default-dflash": ASSETS / "drafter-dflash", "default-eagle": ASSETS / "drafter-eagle",
                     # the same recipes with the copy input (docs/design.md#copy-input)
-                    "default-copy": ASSETS / "drafter-domino-copy", "default-dflash-copy": ASSETS / "drafter-dflash-copy"}
+                    "default-copy": ASSETS / "drafter-domino-copy",
+                    "default-dflash-copy": ASSETS / "drafter-dflash-copy"}
 
 
 @dataclass
