@@ -132,8 +132,7 @@ def batched_generate(target, drafter, prompts_ids: list[list[int]], max_new_toke
             block = torch.ones(len(live), drafter.config.block_size, dtype=torch.bool, device=dev)
             feats, feats_valid, feats_pos = (torch.cat(x, dim=1) for x in zip(*pending))
             key_valid = torch.cat([draft_valid, feats_valid, block], dim=1)
-            cands = (copy_inputs([copiers[r] for r in live], n_drafts, dev, target.dtype) if copiers is not None
-                     else None)
+            cands = copy_inputs([copiers[r] for r in live], n_drafts, dev) if copiers is not None else None
             drafted = drafter.draft(feats, feats_pos, anchor, start, draft_cache, n=n, key_valid=key_valid,
                                     copy=cands).tokens
             draft_valid = torch.cat([draft_valid, feats_valid], dim=1)

@@ -110,7 +110,7 @@ def speculative_generate(target, drafter=None, prompt: str | None = None, prompt
         t0 = time.perf_counter()
         copy = lookup.propose(n)[0] if lookup is not None and n > 0 else []
         use_copier = copier is not None and n > 0 and not copy
-        cands = copy_inputs([copier], n_drafts, dev, target.dtype) if use_copier else None
+        cands = copy_inputs([copier], n_drafts, dev) if use_copier else None
         if tree_nodes and not copy:
             rec, new_feats = _tree_step(target, drafter, cache, draft_cache, pending, pending_start, anchor, start,
                                         n, tree_nodes, taps, eos, max_new_tokens - len(tokens), topk, cands)

@@ -99,17 +99,26 @@ def _inputs(ix: NgramLookup, n: int) -> tuple[list[int], int, list[float]]:
     return toks + [-1] * (n - len(toks)), m, [hits / COPY_TRACK, misses / COPY_TRACK]
 
 
-def copy_inputs(indexes: list[NgramLookup], n: int, device=None, dtype=torch.float32):
+def _field(rows: list, k: int) -> list:
+    """Field k of every (candidates, length, record) triple in a list of them, or in a list of such lists."""
+    return [_field(r, k) if isinstance(r, list) else r[k] for r in rows]
+
+
+def _as_tensors(rows: list, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    # the record stays float32: the drafter casts it to its own dtype where it reads it
+    return (torch.tensor(_field(rows, 0), dtype=torch.long, device=device),
+            torch.tensor(_field(rows, 1), dtype=torch.long, device=device),
+            torch.tensor(_field(rows, 2), dtype=torch.float32, device=device))
+
+
+def copy_inputs(indexes: list[NgramLookup], n: int, device=None):
     """A drafter's `copy` argument from each row's index (copy_index): candidates [b, n] (-1 where the copy has no
     token), matched suffix lengths [b] (0 = no match) and the copy's recent record [b, 2] (the fractions of the
     last COPY_TRACK tokens a copy drafted right and wrong)."""
-    rows = [_inputs(ix, n) for ix in indexes]
-    return (torch.tensor([r[0] for r in rows], dtype=torch.long, device=device),
-            torch.tensor([r[1] for r in rows], dtype=torch.long, device=device),
-            torch.tensor([r[2] for r in rows], dtype=dtype, device=device))
+    return _as_tensors([_inputs(ix, n) for ix in indexes], device)
 
 
-def block_copy_inputs(input_ids: torch.Tensor, anchors: torch.Tensor, n: int, min_ngram: int, dtype=torch.float32):
+def block_copy_inputs(input_ids: torch.Tensor, anchors: torch.Tensor, n: int, min_ngram: int):
     """Training-time copy inputs of every block: for the block at anchor a of row i, what an index over
     input_ids[i, : a + 1] gives (the text up to and including the anchor, as at decoding time).
     input_ids [b, S], anchors [b, N] -> (candidates [b, N, n], matched lengths [b, N], records [b, N, 2])."""
@@ -121,7 +130,4 @@ def block_copy_inputs(input_ids: torch.Tensor, anchors: torch.Tensor, n: int, mi
             ix.extend(seq[len(ix.seq): a + 1])
             per[a] = _inputs(ix, n)
         out.append([per[a] for a in anc])
-    dev = input_ids.device
-    return (torch.tensor([[r[0] for r in row] for row in out], dtype=torch.long, device=dev),
-            torch.tensor([[r[1] for r in row] for row in out], dtype=torch.long, device=dev),
-            torch.tensor([[r[2] for r in row] for row in out], dtype=dtype, device=dev))
+    return _as_tensors(out, input_ids.device)

@@ -64,7 +64,7 @@ class DrafterModule(pl.LightningModule):
                 feats = self.target.features(ids, self.drafter.config.target_layer_ids)
         anchors, keep = sample_anchors(lm, self.cfg.loss.num_anchors, self._anchor_gen)
         k = self.drafter.config.copy_ngram
-        copy = block_copy_inputs(ids, anchors, self.drafter.config.num_drafts, k, feats.dtype) if k else None
+        copy = block_copy_inputs(ids, anchors, self.drafter.config.num_drafts, k) if k else None
         return self.drafter.training_blocks(feats, ids, lm, anchors, keep, prefix_mode, copy=copy)
 
     def lambda_now(self) -> float:
