@@ -84,12 +84,13 @@ class Catalog:
         extra = self._extra_targets.items() if isinstance(self._extra_targets, dict) else \
             ((t, t) for t in self._extra_targets)
         targets += [Entry(name, name, spec) for name, spec in extra]
-        drafters = [Entry("default", "default (shipped Domino)", "default"),
-                    Entry("default-dflash", "default-dflash (shipped DFlash)", "default-dflash"),
+        drafters = [Entry("default", "default (shipped Domino, copy input)", "default"),
+                    Entry("default-dflash", "default-dflash (shipped DFlash, copy input)", "default-dflash"),
                     Entry("default-eagle", "default-eagle (shipped EAGLE-style chain)", "default-eagle"),
-                    Entry("default-copy", "default-copy (shipped Domino with the copy input)", "default-copy"),
-                    Entry("default-dflash-copy", "default-dflash-copy (shipped DFlash with the copy input)",
-                          "default-dflash-copy"),
+                    Entry("default-nocopy", "default-nocopy (shipped Domino without the copy input)",
+                          "default-nocopy"),
+                    Entry("default-dflash-nocopy", "default-dflash-nocopy (shipped DFlash without the copy input)",
+                          "default-dflash-nocopy"),
                     Entry(PLAIN, "none (plain decoding)", None)]
         drafters += [Entry(str(d), str(d), str(d)) for d in self._extra_drafters]
         if self.runs_dir is not None:

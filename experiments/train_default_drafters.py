@@ -5,9 +5,10 @@
 One `python -m domino_lab.train` process per (recipe, seed), all with the same regenerated data, steps and
 seeds; `--parallel 2` runs two at a time with one torch thread each (2 cores). Finished runs (result.json)
 are skipped, so rerunning after an interruption continues. `--ship` copies seed 0's best-by-val/τ drafters
-of `domino` and `dflash` to domino_lab/assets/drafter-domino and drafter-dflash (the `default` and
-`default-dflash` names). Writes experiments/results/drafters_training.{md,json} and a plot of the base
-loss with and without the curriculum (the paper's ablation, its Figure 3 in kind).
+of each recipe to domino_lab/assets (SHIP below: `domino_copy` and `dflash_copy` ship as `default` and
+`default-dflash`, `domino` and `dflash` as `default-nocopy` and `default-dflash-nocopy`). Writes
+experiments/results/drafters_training.{md,json} and a plot of the base loss with and without the curriculum (the
+paper's ablation, its Figure 3 in kind).
 """
 from __future__ import annotations
 
@@ -26,9 +27,10 @@ from domino_lab.experiments.curves import loss_history, plot_loss_curves
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "experiments" / "configs"
 RESULTS = ROOT / "experiments" / "results"
-SHIP = {"domino": ("drafter-domino", "default"), "dflash": ("drafter-dflash", "default-dflash"),
-        "eagle": ("drafter-eagle", "default-eagle"), "domino_copy": ("drafter-domino-copy", "default-copy"),
-        "dflash_copy": ("drafter-dflash-copy", "default-dflash-copy")}
+# recipe -> (asset folder, the name it ships under; models/drafter.py#SHIPPED_DRAFTERS)
+SHIP = {"domino": ("drafter-domino", "default-nocopy"), "dflash": ("drafter-dflash", "default-dflash-nocopy"),
+        "eagle": ("drafter-eagle", "default-eagle"), "domino_copy": ("drafter-domino-copy", "default"),
+        "dflash_copy": ("drafter-dflash-copy", "default-dflash")}
 
 
 def run_dir(runs: Path, recipe: str, seed: int) -> Path:

@@ -41,14 +41,14 @@ def test_speculative_equals_plain_on_default(target):
         assert spec.token_ids == plain.token_ids
 
 
-@pytest.mark.parametrize("name", ["default", "default-dflash", "default-copy", "default-dflash-copy"])
+@pytest.mark.parametrize("name", ["default", "default-dflash", "default-nocopy", "default-dflash-nocopy"])
 def test_shipped_drafters_are_lossless_and_accept(target, name):
     """The shipped drafters load by name, stay lossless on the default target, and actually get drafts accepted."""
     from domino_lab.models import load_drafter
 
     d = load_drafter(name, target)
     assert d.config.method == ("dflash" if "dflash" in name else "domino")
-    assert bool(d.config.copy_ngram) == name.endswith("-copy")
+    assert bool(d.config.copy_ngram) != name.endswith("-nocopy")       # the shipped block drafters copy
     taus = []
     for row in load_eval_set("math", limit=3) + load_eval_set("humaneval", limit=2):
         plain = speculative_generate(target, None, prompt=row["prompt"], max_new_tokens=32)

@@ -103,8 +103,8 @@ def default_prompts():
     return [load_eval_set(s)[0]["prompt"] for s in ("math", "humaneval", "code")]
 
 
-@pytest.mark.parametrize("spec,fmt", [("default", "domino"), ("default", "speculators"),
-                                      ("default-dflash", "speculators")])
+@pytest.mark.parametrize("spec,fmt", [("default-nocopy", "domino"), ("default-nocopy", "speculators"),
+                                      ("default-dflash-nocopy", "speculators")])
 def test_shipped_drafters_round_trip(tmp_path, default_target, default_prompts, spec, fmt):
     original = Drafter.from_pretrained(spec, default_target)
     out = export_drafter(original, fmt, tmp_path / "export")
@@ -244,7 +244,7 @@ def test_what_a_layout_cannot_hold_is_refused(tmp_path, ftarget, default_target)
     with pytest.raises(UserError, match="this is a dflash drafter"):
         export_drafter(dfl, "domino", tmp_path / "b")
     with pytest.raises(UserError, match="shift_label=True"):
-        export_drafter(Drafter.from_pretrained("default-dflash", default_target), "dflash", tmp_path / "c")
+        export_drafter(Drafter.from_pretrained("default-dflash-nocopy", default_target), "dflash", tmp_path / "c")
     with pytest.raises(UserError, match="'eagle' drafter"):
         export_drafter(Drafter.untrained(ftarget, "eagle"), "domino", tmp_path / "d")
     with pytest.raises(UserError, match="anchor_feature"):
@@ -280,13 +280,14 @@ def test_cli_writes_an_export_and_reports_bad_input(tmp_path, capsys):
     from domino_lab.export import main
 
     with pytest.raises(SystemExit) as e:
-        run_cli(main, ["--drafter", "default", "--format", "domino", "--out", str(tmp_path / "out")])
+        run_cli(main, ["--drafter", "default-nocopy", "--format", "domino", "--out", str(tmp_path / "out")])
     assert e.value.code == 0
     assert "wrote" in capsys.readouterr().out
     assert json.loads((tmp_path / "out" / "config.json").read_text())["dflash_config"]["projector_type"] == "domino"
     readme = (tmp_path / "out" / "README.md").read_text()
     assert "sglang.launch_server" in readme and "not run" in readme
-    for argv in (["--drafter", "default-dflash", "--format", "dflash", "--out", str(tmp_path / "x")],
+    for argv in (["--drafter", "default-dflash-nocopy", "--format", "dflash", "--out", str(tmp_path / "x")],
+                 ["--drafter", "default", "--format", "domino", "--out", str(tmp_path / "w")],      # copy input
                  ["--drafter", "nowhere", "--format", "domino", "--out", str(tmp_path / "y")],
                  ["--drafter", "none", "--format", "domino", "--out", str(tmp_path / "z")]):
         with pytest.raises(SystemExit) as e:

@@ -116,8 +116,10 @@ def test_batched_decoding_with_lookup_is_lossless_and_copies(embedded):
     ids = [t.encode(p) for p in prompts]
     plain = batched_generate(t, None, ids, 48)
     # the whole block every step, so τ measures the drafts (the adaptive count would mix in plain steps)
-    alone = batched_generate(t, load_drafter("default", t), ids, 48, drafts="all")
-    res = batched_generate(t, load_drafter("default", t, options=InferenceOptions(lookup=3)), ids, 48, drafts="all")
+    # a drafter without the copy input, which cannot copy by itself
+    alone = batched_generate(t, load_drafter("default-nocopy", t), ids, 48, drafts="all")
+    res = batched_generate(t, load_drafter("default-nocopy", t, options=InferenceOptions(lookup=3)), ids, 48,
+                           drafts="all")
     assert res.token_ids == plain.token_ids == alone.token_ids
     # the looping HumanEval prompt (index 3) commits more per step once its row copies
     tau = [sum(a) / len(a) for a in (alone.acceptance_lengths[3], res.acceptance_lengths[3])]

@@ -59,20 +59,10 @@ class BlockDrafter(Drafter):
         return emb + F.pad(add, (0, 0, cfg.first_draft_slot, cfg.block_size - cfg.first_draft_slot - n))
 
     def _draft_logits(self, h: torch.Tensor, copy) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Draft logits of h [b, m, H] and the vocabulary ids of their columns (None = the whole vocabulary). An
-        FR-Spec list is extended by the copy candidates outside it: a copy drafts the text's own tokens, which
-        may be rare ones (names in a prompt) that the frequency list leaves out."""
-        base, vm = self.draft_lm_head(h), self.draft_vocab
-        if vm is None or copy is None or self.copy_input is None:
-            return base, vm
-        extra = copy[0][copy[0] >= 0].unique()
-        extra = extra[~torch.isin(extra, vm)]
-        if not extra.numel():
-            return base, vm
-        lm = self.target.lm_head
-        bias = getattr(lm, "bias", None)
-        more = F.linear(h, lm.weight[extra], bias[extra] if bias is not None else None)
-        return torch.cat([base, more], dim=-1), torch.cat([vm, extra])
+        """Draft logits of h [b, m, H] and their columns' vocabulary ids: a copy drafts the text's own tokens, which
+        may be rare ones (names in a prompt) that an FR-Spec list leaves out, so its candidates extend the list."""
+        use = copy is not None and self.copy_input is not None and self.draft_vocab is not None
+        return self.draft_logits(h, copy[0][copy[0] >= 0].unique() if use else None)
 
     # ---- inference -----------------------------------------------------------------------------
     def _block_states(self, ctx_feats, ctx_start, anchor, start, cache, key_valid=None, copy=None) -> torch.Tensor:

@@ -23,12 +23,14 @@ from .options import InferenceOptions
 from . import registry
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
-# Drafters shipped for the embedded target (experiments/train_default_drafters.py trains them).
-SHIPPED_DRAFTERS = {"default": ASSETS / "drafter-domino", "default-domino": ASSETS / "drafter-domino",
-                    "default-dflash": ASSETS / "drafter-dflash", "default-eagle": ASSETS / "drafter-eagle",
-                    # the same recipes with the copy input (docs/design.md#copy-input)
+# Drafters shipped for the embedded target (experiments/train_default_drafters.py trains them). The block drafters
+# read a copy input (docs/design.md#copy-input); `*-nocopy` are the same recipes without it, which the results
+# committed before the copy input was shipped as the default call `default` and `default-dflash`.
+SHIPPED_DRAFTERS = {"default": ASSETS / "drafter-domino-copy", "default-domino": ASSETS / "drafter-domino-copy",
+                    "default-dflash": ASSETS / "drafter-dflash-copy", "default-eagle": ASSETS / "drafter-eagle",
                     "default-copy": ASSETS / "drafter-domino-copy",
-                    "default-dflash-copy": ASSETS / "drafter-dflash-copy"}
+                    "default-dflash-copy": ASSETS / "drafter-dflash-copy",
+                    "default-nocopy": ASSETS / "drafter-domino", "default-dflash-nocopy": ASSETS / "drafter-dflash"}
 
 
 @dataclass
@@ -197,6 +199,22 @@ class Drafter(nn.Module, metaclass=ABCMeta):
             with torch.no_grad():
                 self._fr_head = (key, (lm.weight[vm], bias[vm] if bias is not None else None))
         return F.linear(h, *self._fr_head[1])
+
+    def draft_logits(self, h: torch.Tensor, extra_ids: torch.Tensor | None = None
+                     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Draft logits of h [..., H] and the vocabulary ids of their columns (None = the whole vocabulary). An
+        FR-Spec list is extended by the tokens `extra_ids` [m] outside it (one more LM-head row each): tokens a
+        drafter must be able to propose in this call although the frequency list leaves them out."""
+        base, vm = self.draft_lm_head(h), self.draft_vocab
+        if vm is None or extra_ids is None:
+            return base, vm
+        extra = extra_ids[~torch.isin(extra_ids, vm)]
+        if not extra.numel():
+            return base, vm
+        lm = self.target.lm_head
+        bias = getattr(lm, "bias", None)
+        more = F.linear(h, lm.weight[extra], bias[extra] if bias is not None else None)
+        return torch.cat([base, more], dim=-1), torch.cat([vm, extra])
 
     # ---- bookkeeping ---------------------------------------------------------------------------
     def param_counts(self) -> dict:

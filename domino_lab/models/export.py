@@ -128,7 +128,8 @@ def check_exportable(cfg: DrafterConfig, fmt: str) -> None:
                         "the release layouts have no such projection. Export a drafter trained without it")
     if cfg.copy_ngram:
         raise UserError(f"this drafter reads copy candidates in its block inputs (copy_ngram={cfg.copy_ngram}); the "
-                        "release layouts have no copy input. Export a drafter trained with copy_ngram 0")
+                        "release layouts have no copy input. Export a drafter trained with copy_ngram 0 (shipped: "
+                        "default-nocopy, default-dflash-nocopy)")
     if fmt == "domino" and cfg.method != "domino":
         raise UserError("--format domino holds a Domino head and this is a dflash drafter; "
                         "use --format dflash (shift_label=False drafters) or --format speculators")

@@ -47,7 +47,8 @@ def init_source_config(spec: str) -> dict:
         return json.loads((Path(path) / "config.json").read_text())
     except (OSError, ValueError) as e:
         raise UserError(f"drafter.init_from {spec}: not a readable drafter directory ({e}); name a shipped "
-                        "drafter (default, default-dflash) or a directory written by domino_lab.train") from None
+                        "drafter (default, default-dflash, default-nocopy, ...) or a directory written by "
+                        "domino_lab.train") from None
 
 
 def drafter_config(overrides, target) -> DrafterConfig:
