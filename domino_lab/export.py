@@ -19,7 +19,9 @@ DTYPES = ("float32", "bfloat16", "float16")
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m domino_lab.export", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--drafter", required=True, help="shipped name (default-nocopy, default-dflash-nocopy: the release layouts have no copy input) or a drafter directory")
+    p.add_argument("--drafter", required=True,
+                   help="shipped name (default-nocopy, default-dflash-nocopy: the release layouts have no copy "
+                        "input) or a drafter directory")
     p.add_argument("--format", required=True, choices=FORMATS, help="the release layout to write")
     p.add_argument("--out", required=True, help="directory to write (replaced if it holds an earlier export)")
     p.add_argument("--target", default="default",
@@ -39,7 +41,8 @@ def main(argv: list[str] | None = None) -> int:
     target = Target.from_pretrained(args.target)
     drafter = load_drafter(args.drafter, target)
     if drafter is None:
-        raise UserError("--drafter none has nothing to export; name a drafter (default-nocopy, default-dflash-nocopy, a directory)")
+        raise UserError("--drafter none has nothing to export; name a drafter (default-nocopy, "
+                        "default-dflash-nocopy, a directory)")
     out = export_drafter(drafter, args.format, args.out, dtype=parse_dtype(args.dtype), verifier=args.verifier)
     c = drafter.config
     print(f"wrote {out} ({args.format} layout: config.json, model.safetensors, README.md) -- {c.method}, "

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from domino_lab.errors import UserError, run_cli
-from domino_lab.experiments.curves import loss_history, plot_loss_curves
+from domino_lab.experiments.curves import convergence_curves, loss_history, plot_convergence, plot_loss_curves
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "experiments" / "configs"
@@ -95,48 +95,6 @@ def plot_curves(curves: dict, out_png: Path) -> None:
     plot_loss_curves({r: {"steps": c["steps"], "values": c["loss_base"]} for r, c in curves.items()}, out_png,
                      "Base loss with and without the base-anchored curriculum",
                      "CE of the base (backbone) logits, running mean of 25")
-
-
-def convergence_curves(runs: Path, recipes, seed: int) -> dict:
-    """Per recipe (one seed): val/tau and val/accept_pos_i (acceptance of draft i given drafts < i were accepted,
-    from real decoding of the validation prompts) at every evaluation, from the run's MLflow history."""
-    from mlflow.tracking import MlflowClient
-
-    from domino_lab.training.tracking import default_tracking_uri
-
-    client = MlflowClient(default_tracking_uri())
-    out = {}
-    for r in recipes:
-        f = run_dir(runs, r, seed) / "mlflow_run.json"
-        if not f.exists():
-            continue
-        rid = json.loads(f.read_text())["run_id"]
-        tau = {m.step: m.value for m in client.get_metric_history(rid, "val/tau")}
-        acc = [{m.step: m.value for m in client.get_metric_history(rid, f"val/accept_pos_{i}")} for i in range(3)]
-        out[r] = {"steps": sorted(tau), "tau": [tau[t] for t in sorted(tau)],
-                  "accept": [[a.get(t) for t in sorted(tau)] for a in acc]}
-    return out
-
-
-def plot_convergence(curves: dict, out_png: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
-    for r, c in curves.items():
-        line, = a1.plot([s + 1 for s in c["steps"]], c["tau"], marker="o", label=r)
-        for i, (acc, style) in enumerate(zip(c["accept"], ("-", "--", ":"))):
-            a2.plot([s + 1 for s in c["steps"]], acc, style, color=line.get_color(), label=f"{r} draft {i}")
-    a1.set(xlabel="training step", ylabel="val τ (greedy, real decoding)", title="τ on validation prompts")
-    a2.set(xlabel="training step", ylabel="acceptance rate", title="acceptance of drafts 0-2 (given the earlier ones)")
-    for a in (a1, a2):
-        a.grid(alpha=0.3)
-        a.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out_png, dpi=110)
-    plt.close(fig)
 
 
 def ship(args, argv) -> None:
@@ -221,7 +179,7 @@ def main(argv=None) -> int:
     curves = base_loss_curves(runs, domino_recipes, common) if common else {}
     RESULTS.mkdir(parents=True, exist_ok=True)
     plot_curves(curves, RESULTS / "curriculum_base_loss.png")
-    convergence = convergence_curves(runs, sorted(done), args.seeds[0])
+    convergence = convergence_curves({r: run_dir(runs, r, args.seeds[0]) for r in sorted(done)})
     plot_convergence(convergence, RESULTS / "drafters_convergence.png")
     if args.ship:
         ship(args, argv)
