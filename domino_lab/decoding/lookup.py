@@ -34,14 +34,20 @@ class NgramLookup:
         self.extend(tokens)
 
     def extend(self, tokens) -> None:
+        seq, lo = self.seq, self.min_ngram
         for t in tokens:
-            if self.recent is not None:
-                guess = self.propose(1)[0]
-                self.recent.append((guess[0] == int(t)) if guess else None)
-            self.seq.append(int(t))
-            j = len(self.seq) - 1          # the n-grams ending just before j now have a continuation: seq[j]
-            for n in range(self.min_ngram, min(MAX_NGRAM, j) + 1):
-                self._after[tuple(self.seq[j - n: j])] = j
+            t, j = int(t), len(seq)        # t lands at j: the n-grams ending just before j continue with it
+            keys = [tuple(seq[j - n: j]) for n in range(lo, min(MAX_NGRAM, j) + 1)]     # keys[n - lo]: length n
+            if self.recent is not None:    # would a copy have drafted t? `propose(1)`, reusing these keys
+                first = None
+                for k in reversed(keys[self.need - lo: j - lo]):       # lengths need .. j-1, longest first
+                    first = self._after.get(k)
+                    if first is not None:
+                        break
+                self.recent.append(None if first is None else seq[first] == t)
+            seq.append(t)
+            for k in keys:
+                self._after[k] = j
 
     def propose(self, k: int) -> tuple[list[int], int]:
         """Up to k tokens continuing the longest suffix (≥ min_ngram tokens) that occurred before, and the matched

@@ -42,19 +42,14 @@ class BlockDrafter(Drafter):
     def _block_embeddings(self, block_ids: torch.Tensor, copy) -> torch.Tensor:
         """Embeddings of blocks [*lead, B] of token ids -> [*lead, B, H]; with a copy input, each draft's slot also
         reads its candidate, the matched length and the copy's recent record (copy = (candidates [*lead, n], lengths
-        [*lead], records [*lead, 2]) from decoding/lookup.py, or None = no candidate anywhere)."""
-        if self.copy_input is None:
-            return self.embed(block_ids)
-        cfg = self.config
-        n, lead = cfg.num_drafts, block_ids.shape[:-1]
+        [*lead], records [*lead, 2]) from decoding/lookup.py, or None = no candidate anywhere, which adds nothing)."""
         emb = self.embed(block_ids)
-        if copy is None:
-            cands = torch.full((*lead, n), -1, dtype=torch.long, device=block_ids.device)
-            lens = torch.zeros(lead, dtype=torch.long, device=block_ids.device)
-            record = emb.new_zeros(*lead, 2)
-        else:
-            cands, lens, record = copy
-            cands = F.pad(cands[..., :n], (0, n - min(n, cands.shape[-1])), value=-1)
+        if self.copy_input is None or copy is None:
+            return emb
+        cfg = self.config
+        n = cfg.num_drafts
+        cands, lens, record = copy
+        cands = F.pad(cands[..., :n], (0, n - min(n, cands.shape[-1])), value=-1)
         add = self.copy_input(self.embed(cands.clamp(min=0)), cands >= 0, lens, record.to(emb.dtype))
         return emb + F.pad(add, (0, 0, cfg.first_draft_slot, cfg.block_size - cfg.first_draft_slot - n))
 

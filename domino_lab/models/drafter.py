@@ -101,7 +101,7 @@ class Drafter(nn.Module, metaclass=ABCMeta):
               n: int | None = None, temperature: float = 0.0, top_p: float = 1.0,
               generator: torch.Generator | None = None, topk: int = 5,
               key_valid: torch.Tensor | None = None, ctx_ids: torch.Tensor | None = None,
-              copy: tuple[torch.Tensor, torch.Tensor] | None = None) -> Draft:
+              copy: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> Draft:
         """Propose n tokens after `anchor` (at absolute position `start`).
 
         ctx_feats [b, C, k*H]: target features of the newly committed positions ctx_start..start-1, appended
@@ -109,14 +109,14 @@ class Drafter(nn.Module, metaclass=ABCMeta):
         Batched decoding with ragged acceptance passes per-row `start` ([b]), per-slot `ctx_start` ([b, C]
         positions) and `key_valid` [b, cached + C + block_size] (False = a hole left by a row that accepted
         fewer tokens). ctx_ids [b, C]: the tokens at those positions (families that pair a feature with the next
-        token's embedding read them). copy: (candidates [b, num_drafts], matched lengths [b]) for drafters with a
-        copy input (decoding/lookup.copy_inputs; None = no candidates); other drafters ignore it.
+        token's embedding read them). copy: (candidates [b, num_drafts], matched lengths [b], records [b, 2]) for
+        drafters with a copy input (decoding/lookup.copy_inputs; None = no candidates); other drafters ignore it.
         """
 
     @abstractmethod
     def training_blocks(self, ctx_feats: torch.Tensor, input_ids: torch.Tensor, loss_mask: torch.Tensor,
                         anchors: torch.Tensor, keep: torch.Tensor, prefix_mode: str = "teacher_forcing",
-                        copy: tuple[torch.Tensor, torch.Tensor] | None = None) -> BlockBatch:
+                        copy: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> BlockBatch:
         """Logits of the drafts after every anchor [b, N] in one forward (the target's features ctx_feats of the
         whole sequence given): what the training objective scores."""
 
