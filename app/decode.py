@@ -39,6 +39,7 @@ class Request:
     tree_nodes: int = 0          # > 0: verify a draft tree of this many nodes per step (0 = the chain)
     lookup: int = 0              # > 0: copy repeats of the text's last >= this many tokens (lookup drafting)
     tree_min_prob: float = 0.0   # > 0: tree nodes need at least this path probability under the drafter
+    adaptive: bool = False       # choose each step's draft count from measured acceptance and costs (0 = plain)
 
     def checked(self) -> "Request":
         if not isinstance(self.prompt, str) or not self.prompt.strip():
@@ -62,6 +63,9 @@ class Request:
         except (TypeError, ValueError):
             raise UserError("tree min prob must be a number in [0, 1) (0 = fill the node budget)") from None
         self.tree_min_prob = InferenceOptions(tree_min_prob=p_min).tree_min_prob     # the options' own range check
+        self.adaptive = bool(self.adaptive)
+        if self.adaptive and self.tree_nodes:
+            raise UserError("adaptive drafts choose a chain's length: set tree nodes to 0 or turn adaptive drafts off")
         return self
 
 
@@ -128,7 +132,7 @@ def stream(catalog, req: Request, min_interval: float = 0.05, measure_plain: boo
     """Yield a Snapshot after verify steps (at most every `min_interval` s) and a final one with the result."""
     req.checked()
     target = catalog.target(req.target)
-    drafter = catalog.drafter(req.target, req.drafter, req.head_on, req.lookup, req.tree_min_prob)
+    drafter = catalog.drafter(req.target, req.drafter, req.head_on, req.lookup, req.tree_min_prob, req.adaptive)
     if req.tree_nodes:
         check_tree_mode(drafter, req.temperature)
     snap = Snapshot(req.target)
@@ -375,6 +379,7 @@ def record(snap: Snapshot, texts: Texts, req: Request) -> dict:
     first = snap.token_ids[:1]
     return {"target": req.target, "drafter": req.drafter, "head": snap.head, "block_size": req.block_size,
             "tree_nodes": req.tree_nodes, "tree_min_prob": req.tree_min_prob, "lookup": req.lookup,
+            "adaptive_drafts": req.adaptive,
             "temperature": req.temperature, "prefill": first[0] if first else None, "steps": steps,
             "counters": counters(snap), "token_ids": snap.token_ids,
             "text": snap.result.text if snap.done else texts.target.decode(snap.token_ids)}

@@ -111,6 +111,9 @@ def build_demo(catalog: Catalog, examples: list[dict] | None = None, stream_inte
                         lookup_n = gr.Slider(0, MAX_NGRAM, value=0, step=1, elem_id="lookup",
                                              label="lookup (0 = off; N > 0 copies what followed an earlier "
                                                    "occurrence of the last N+ tokens instead of drafting)")
+                        adaptive = gr.Checkbox(False, elem_id="adaptive", label="adaptive drafts (each step's "
+                                               "draft count from the acceptance and step times so far; 0 = a plain "
+                                               "step where drafting does not pay; chain only)")
                         with gr.Row():
                             go = gr.Button("Decode", variant="primary", elem_id="decode-btn")
                             stop = gr.Button("Stop")
@@ -179,13 +182,13 @@ def build_demo(catalog: Catalog, examples: list[dict] | None = None, stream_inte
 
         # ---------------------------------------------------------------- handlers
         def decode(prompt, target, drafter, head, block, temp, max_tokens, seed, tree_nodes=0, lookup=0,
-                   tree_min_prob=0.0):
+                   tree_min_prob=0.0, adaptive=False):
             try:
                 req = Request(prompt, target, drafter, bool(head), block, temp, max_tokens, seed,
-                              tree_nodes, lookup, tree_min_prob).checked()
+                              tree_nodes, lookup, tree_min_prob, bool(adaptive)).checked()
                 texts = Texts(catalog.target(req.target))
                 # a misfit fails here, early
-                catalog.drafter(req.target, req.drafter, req.head_on, req.lookup, req.tree_min_prob)
+                catalog.drafter(req.target, req.drafter, req.head_on, req.lookup, req.tree_min_prob, req.adaptive)
                 wait = LEGEND + '<div class="chain empty">measuring plain decoding of this prompt…</div>'
                 yield (wait, "", "", None, gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip(),
                        tree_html(None, texts))
@@ -225,7 +228,8 @@ def build_demo(catalog: Catalog, examples: list[dict] | None = None, stream_inte
         def on_drafter(value):
             return gr.update(interactive=catalog.has_head(value))
 
-        ev = go.click(decode, [prompt, target, drafter, head, block, temp, max_tokens, seed, tree_n, lookup_n, tree_p],
+        ev = go.click(decode, [prompt, target, drafter, head, block, temp, max_tokens, seed, tree_n, lookup_n, tree_p,
+                                    adaptive],
                       [chain, counters_box, text, rec_json, bars, state, insp, insp_json, step_n, pos_n, trees_box],
                       api_name="decode")
         stop.click(None, cancels=[ev])

@@ -129,3 +129,36 @@ def test_plain_steps_wait_for_evidence():
         p.update(8, 1, line(9), [0], 3e-3, taken=1)
         tried += 1
     assert 8 <= tried <= 9 and p.choose(1, 8, pending=1) == 0     # (the counts age by 1% a step)
+
+
+def test_batch_1_adaptive_drafts_are_lossless_and_fall_back_to_plain_steps(target):
+    """At one row the same policy runs inside speculative_generate: a drafter that is never right (untrained) is
+    explored for its first steps, then replaced by plain steps, and the output is the target's greedy output."""
+    from domino_lab import Drafter, speculative_generate
+    from domino_lab.models import InferenceOptions
+
+    d = Drafter.untrained(target, "domino", seed=0, block_size=8).set_options(InferenceOptions(adaptive_drafts=True))
+    always = Drafter.untrained(target, "domino", seed=0, block_size=8)
+    for p in ([5, 9, 17], [40, 41, 42, 43], [11, 30, 7, 7, 12]):
+        plain = speculative_generate(target, None, prompt_ids=p, max_new_tokens=48)
+        res = speculative_generate(target, d, prompt_ids=p, max_new_tokens=48)
+        assert res.token_ids == plain.token_ids
+        assert res.token_ids == speculative_generate(target, always, prompt_ids=p, max_new_tokens=48).token_ids
+        counts = [len(s.draft_tokens) for s in res.steps]
+        assert counts[0] == 8 and counts[1] == 1 and counts[2:4] == [0, 0], counts      # the exploration
+        if len(counts) > 16:
+            assert counts[-4:] == [0, 0, 0, 0], counts     # after it: plain steps (no draft pays when none is taken)
+
+
+def test_batch_1_adaptive_drafts_are_checked_and_parsed(target):
+    from domino_lab import Drafter, speculative_generate
+    from domino_lab.bench import build_parser, with_options
+    from domino_lab.errors import UserError
+    from domino_lab.models import InferenceOptions
+
+    d = Drafter.untrained(target, "domino", seed=0, block_size=4).set_options(InferenceOptions(adaptive_drafts=True))
+    with pytest.raises(UserError, match="adaptive drafts choose a chain's length"):
+        speculative_generate(target, d, prompt_ids=[5, 6], max_new_tokens=4, tree_nodes=8)
+    assert InferenceOptions.from_args(build_parser().parse_args(["--adaptive-drafts"])).adaptive_drafts is True
+    assert InferenceOptions.from_args(build_parser().parse_args([])).adaptive_drafts is False
+    assert with_options(InferenceOptions(), "adaptive_drafts=true", "x").adaptive_drafts is True

@@ -182,6 +182,20 @@ def test_lookup_decode_marks_copied_steps(app, client):
     assert tree["counters"]["identical_to_plain"] is True and any(s["copied"] for s in tree["steps"])
 
 
+def test_adaptive_decode_shows_its_plain_steps(app, client):
+    """With adaptive drafts on, the policy's exploration (one draft, then two plain steps) is visible in the record
+    and the chain, and the output is still plain greedy decoding."""
+    from gradio_client.exceptions import AppError
+
+    rec = client.predict(*_decode_args(app["prompt"], n=48), 0, 0, 0.0, True, api_name="/decode")[3]
+    assert rec["adaptive_drafts"] is True and rec["counters"]["identical_to_plain"] is True
+    assert _spans_concat(rec) == _plain(app, app["prompt"], 48)
+    drafted = [len(s["accepted"]) + len(s["rejected"]) for s in rec["steps"]]
+    assert drafted[:4] == [8, 1, 0, 0], drafted
+    with pytest.raises(AppError, match="adaptive drafts choose a chain's length"):
+        client.predict(*_decode_args(app["prompt"], n=8), 8, 0, 0.0, True, api_name="/decode")
+
+
 def test_eight_concurrent_clients(app):
     from gradio_client import Client
 

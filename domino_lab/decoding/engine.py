@@ -17,6 +17,7 @@ from ..errors import UserError
 from ..validation import check_seed
 from .records import GenerationResult, StepRecord
 from . import tree as trees
+from .adaptive import DraftCount
 from .lookup import NgramLookup, copy_index, copy_inputs
 from .. import sampling
 
@@ -64,6 +65,10 @@ def speculative_generate(target, drafter=None, prompt: str | None = None, prompt
     tree_nodes = trees.check_tree_nodes(tree_nodes)
     if tree_nodes:
         check_tree_mode(drafter, temperature)
+    adaptive = drafter is not None and drafter.options.adaptive_drafts
+    if adaptive and tree_nodes:
+        raise UserError("adaptive drafts choose a chain's length; they do not apply to tree verification: "
+                        "use tree nodes 0 or turn adaptive drafts off")
     min_copy = drafter.options.lookup if drafter is not None else 0
     check_lookup_mode(drafter, min_copy)
     ids = prompt_token_ids(target, prompt, prompt_ids)
@@ -102,6 +107,7 @@ def speculative_generate(target, drafter=None, prompt: str | None = None, prompt
     # a drafter with a copy input reads each block's copy candidates (models/block.py#CopyInput)
     copy_k = drafter.config.copy_ngram if drafter is not None else 0
     copier = copy_index(copy_k, ids + tokens) if copy_k else None
+    policy = DraftCount(n_drafts) if adaptive and n_drafts else None      # at one row, as batched decoding does
 
     while stop is None and len(tokens) < max_new_tokens:
         anchor = tokens[-1]
@@ -109,6 +115,9 @@ def speculative_generate(target, drafter=None, prompt: str | None = None, prompt
         n = min(n_drafts, remaining - 1)   # the bonus token takes the last slot of the budget
         t0 = time.perf_counter()
         copy = lookup.propose(n)[0] if lookup is not None and n > 0 else []
+        taken = pending.shape[0] if pending is not None else 0     # context positions the next draft takes in
+        if policy is not None and not copy:
+            n = policy.choose(1, n, taken)
         use_copier = copier is not None and n > 0 and not copy
         cands = copy_inputs([copier], n_drafts, dev) if use_copier else None
         if tree_nodes and not copy:
@@ -145,6 +154,8 @@ def speculative_generate(target, drafter=None, prompt: str | None = None, prompt
                 acc, nxt = sampling.rejection_accept(drafts, draft.q[0, : len(drafts)] if draft is not None else None,
                                                      p, gen)
             t2 = time.perf_counter()
+            if policy is not None:     # a copy's acceptance says nothing about the drafter's
+                policy.update(len(drafts), 1, t2 - t1, [acc] if draft is not None else None, t1 - t0, taken)
 
             committed, acc, bonus = sampling.commit(drafts[:acc].tolist(), nxt, eos, max_new_tokens - len(tokens))
             # Target cache: it now holds start + n + 1 positions; keep the anchor and the accepted drafts.
