@@ -17,9 +17,10 @@ class InferenceOptions:
     # precomputed GRU input table + candidate pool in torch ops; "compiled" = the fast greedy rollout under
     # torch.compile; "eager" = nn.GRU + full-vocabulary correction (the reference the others are checked against).
     head_impl: str = "fused"
-    # Score the head's correction only on the top-K tokens of the block's per-token max base logits; 0 = the full
-    # vocabulary (exact). 64 keeps τ equal to the exact head on the embedded default
-    # (experiments/results/head_pool.md).
+    # Greedy drafting scores the head's correction only on the top-K tokens of the block's per-token max base
+    # logits; 0 = the full vocabulary (exact). 64 keeps τ equal to the exact head on the embedded default
+    # (experiments/results/head_pool.md). Sampling (T > 0) always scores the whole draft vocabulary: a pool would
+    # leave q no mass where the target's p has some (models/domino_head.py, DominoHead.rollout).
     candidate_pool: int = 64
     # At most this many slots per block (the drafter's architecture sets the maximum); None = all of them.
     block_size: int | None = None
@@ -82,8 +83,8 @@ def add_inference_args(p, block_size: bool = False) -> None:
                    help="Domino head inference path: fused (one C++ loop, CPU greedy; the default), fast (table + pool "
                         "in torch ops), compiled (torch.compile), eager (reference)")
     p.add_argument("--candidate-pool", type=int, default=None,
-                   help="score the head's correction on the top-K candidates only (0 = full vocabulary, exact; "
-                        "default 64)")
+                   help="greedy: score the head's correction on the top-K candidates only (0 = full vocabulary, "
+                        "exact; default 64); sampling always scores the whole draft vocabulary")
     p.add_argument("--full-vocab", action="store_true", default=None,
                    help="draft over the whole vocabulary, ignoring the drafter's FR-Spec token list if it has one")
     p.add_argument("--draft-cutoff", type=float, default=None,
