@@ -39,7 +39,7 @@ class Request:
     tree_nodes: int = 0          # > 0: verify a draft tree of this many nodes per step (0 = the chain)
     lookup: int = 0              # > 0: copy repeats of the text's last >= this many tokens (lookup drafting)
     tree_min_prob: float = 0.0   # > 0: tree nodes need at least this path probability under the drafter
-    adaptive: bool = False       # choose each step's draft count from measured acceptance and costs (0 = plain)
+    adaptive: bool = False       # plain steps while the text's measured acceptance does not pay for drafting
 
     def checked(self) -> "Request":
         if not isinstance(self.prompt, str) or not self.prompt.strip():

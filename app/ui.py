@@ -111,9 +111,9 @@ def build_demo(catalog: Catalog, examples: list[dict] | None = None, stream_inte
                         lookup_n = gr.Slider(0, MAX_NGRAM, value=0, step=1, elem_id="lookup",
                                              label="lookup (0 = off; N > 0 copies what followed an earlier "
                                                    "occurrence of the last N+ tokens instead of drafting)")
-                        adaptive = gr.Checkbox(False, elem_id="adaptive", label="adaptive drafts (each step's "
-                                               "draft count from the acceptance and step times so far; 0 = a plain "
-                                               "step where drafting does not pay; chain only)")
+                        adaptive = gr.Checkbox(False, elem_id="adaptive", label="adaptive drafts (plain steps "
+                                               "while this text's measured acceptance does not pay for drafting; "
+                                               "chain only)")
                         with gr.Row():
                             go = gr.Button("Decode", variant="primary", elem_id="decode-btn")
                             stop = gr.Button("Stop")

@@ -1,7 +1,7 @@
 """The adaptive draft count of batched decoding (decoding/adaptive.py): its estimates and its choice."""
 import pytest
 
-from domino_lab.decoding.adaptive import DraftCount
+from domino_lab.decoding.adaptive import DraftCount, PlainFallback
 
 
 def _explore(policy: DraftCount, rows: int, accepted: int, t_draft: float, verify) -> None:
@@ -132,8 +132,8 @@ def test_plain_steps_wait_for_evidence():
 
 
 def test_batch_1_adaptive_drafts_are_lossless_and_fall_back_to_plain_steps(target):
-    """At one row the same policy runs inside speculative_generate: a drafter that is never right (untrained) is
-    explored for its first steps, then replaced by plain steps, and the output is the target's greedy output."""
+    """A drafter that is never right (untrained) drafts its warm-up steps, then plain steps take over, with a
+    probe every few of them; the output is the target's greedy output."""
     from domino_lab import Drafter, speculative_generate
     from domino_lab.models import InferenceOptions
 
@@ -145,9 +145,31 @@ def test_batch_1_adaptive_drafts_are_lossless_and_fall_back_to_plain_steps(targe
         assert res.token_ids == plain.token_ids
         assert res.token_ids == speculative_generate(target, always, prompt_ids=p, max_new_tokens=48).token_ids
         counts = [len(s.draft_tokens) for s in res.steps]
-        assert counts[0] == 8 and counts[1] == 1 and counts[2:4] == [0, 0], counts      # the exploration
-        if len(counts) > 16:
-            assert counts[-4:] == [0, 0, 0, 0], counts     # after it: plain steps (no draft pays when none is taken)
+        assert counts[:PlainFallback.WARMUP] == [8] * PlainFallback.WARMUP, counts
+        if len(counts) > 24:
+            assert counts[:-1].count(0) > len(counts) // 2, counts     # mostly plain after the warm-up
+            assert counts[PlainFallback.WARMUP + 1:-1].count(8) >= 1, counts     # and probes between them
+
+
+def test_plain_fallback_keeps_drafting_where_it_pays_and_probes_with_backoff():
+    p = PlainFallback(8)
+    for _ in range(4):                          # a drafter committing 5 tokens a step: never worth a plain step
+        assert p.choose(8) == 8
+        p.update(8, 5, 3e-3, 8e-3)
+    assert p.choose(8) == 8 and p.t_plain is None and p.choose(3) == 3
+    q = PlainFallback(8)
+    for _ in range(4):                          # 1.2 tokens a step at 11 ms: a plain step (5 ms) is timed
+        q.update(8, 1, 3e-3, 8e-3)
+    assert q.choose(8) == 0
+    q.update(0, 1, 0.0, 5e-3)
+    chosen = []
+    for _ in range(40):
+        n = q.choose(8)
+        chosen.append(n)
+        q.update(n, 1, 3e-3 if n else 0.0, 8e-3 if n else 5e-3, steady=False)
+    probes = [i for i, n in enumerate(chosen) if n]
+    gaps = [b - a for a, b in zip(probes, probes[1:])]
+    assert probes and gaps == sorted(gaps) and max(gaps) > 4, chosen     # losing probes wait longer each time
 
 
 def test_batch_1_adaptive_drafts_are_checked_and_parsed(target):

@@ -145,3 +145,65 @@ class DraftCount:
                 take = max(0.0, t - self.t_draft) / size
                 self.t_take = _mix(self.t_take or None, take, self.fast)
             self._catch_up = []
+
+
+class PlainFallback:
+    """Batch-1 decoding's choice between drafting the whole block and a plain step (`choose`, then `update`).
+
+    At one row a verified position is nearly free, so the question is not how many drafts to verify but whether
+    to draft at all: a drafting step pays when it commits more tokens than a plain step would in its time,
+    τ̂ · t_plain ≥ t_draft + t_verify, with τ̂ the text's recent tokens per drafting step. Drafting is the default
+    and costs nothing to keep: the first WARMUP steps draft, and a plain step is timed only once τ̂ is low enough
+    that drafting would lose even if a plain step cost half a verify (so a text the drafter handles well never
+    pays for the measurement). While plain steps win, one drafting step every `backoff` plain steps (4, doubling
+    up to 32 while the probes keep losing) checks whether the text has changed."""
+
+    WARMUP = 4
+    MAX_BACKOFF = 32
+
+    def __init__(self, n_max: int, decay: float = 0.7):
+        self.n_max, self.decay = n_max, decay
+        self.tau: float | None = None          # moving average of tokens committed per drafting step
+        self.t_spec: float | None = None       # ... of a steady drafting step's draft + verify time
+        self.t_verify: float | None = None     # ... of its verify time alone
+        self.t_plain: float | None = None      # ... of a plain step's time
+        self.drafted = 0
+        self.backoff = 4
+        self._plain_run = 0                    # plain steps since the last drafting step
+        self._measure = False                  # the next step is plain, to time one
+
+    def choose(self, room: int) -> int:
+        cap = max(0, min(self.n_max, room))
+        if cap == 0 or self.drafted < self.WARMUP or self.t_spec is None:
+            return cap                         # (no steady drafting step timed yet: keep drafting)
+        if self.t_plain is None:
+            # would drafting lose even against a plain step of half a verify? then a plain step is worth timing
+            self._measure = self.tau * 0.5 * self.t_verify < self.t_spec
+            return 0 if self._measure else cap
+        if self.tau * self.t_plain >= self.t_spec:
+            return cap
+        return cap if self._plain_run >= self.backoff else 0          # a probe: has the text changed?
+
+    def update(self, n: int, committed: int, t_draft: float, t_verify: float, drafted: bool = True,
+               steady: bool = True) -> None:
+        """After a step: n drafts verified (0 = plain), the tokens it committed, its times; `drafted` False for a
+        step that verified copied text (lookup), `steady` False for a draft that first took in the context of
+        earlier plain steps (its time is not a steady draft's)."""
+        mix = lambda old, new: new if old is None else self.decay * old + (1 - self.decay) * new   # noqa: E731
+        if n == 0:
+            self.t_plain = mix(self.t_plain, t_verify)
+            self._plain_run += 1
+            return
+        if not drafted:
+            return
+        probe = self._plain_run > 0
+        self.drafted += 1
+        self.tau = mix(self.tau, float(committed))
+        if steady:
+            self.t_spec = mix(self.t_spec, t_draft + t_verify)
+            self.t_verify = mix(self.t_verify, t_verify)
+        if probe and self.t_plain is not None:
+            # the probe lost: wait longer before the next; it won: drafting resumes and the wait starts over
+            won = self.tau * self.t_plain >= self.t_spec
+            self.backoff = 4 if won else min(self.MAX_BACKOFF, 2 * self.backoff)
+        self._plain_run = 0

@@ -17,7 +17,7 @@ from ..errors import UserError
 from ..validation import check_seed
 from .records import GenerationResult, StepRecord
 from . import tree as trees
-from .adaptive import DraftCount
+from .adaptive import PlainFallback
 from .lookup import NgramLookup, copy_index, copy_inputs
 from .. import sampling
 
@@ -107,7 +107,7 @@ def speculative_generate(target, drafter=None, prompt: str | None = None, prompt
     # a drafter with a copy input reads each block's copy candidates (models/block.py#CopyInput)
     copy_k = drafter.config.copy_ngram if drafter is not None else 0
     copier = copy_index(copy_k, ids + tokens) if copy_k else None
-    policy = DraftCount(n_drafts) if adaptive and n_drafts else None      # at one row, as batched decoding does
+    policy = PlainFallback(n_drafts) if adaptive and n_drafts else None    # draft, or a plain step where it pays
 
     while stop is None and len(tokens) < max_new_tokens:
         anchor = tokens[-1]
@@ -117,7 +117,7 @@ def speculative_generate(target, drafter=None, prompt: str | None = None, prompt
         copy = lookup.propose(n)[0] if lookup is not None and n > 0 else []
         taken = pending.shape[0] if pending is not None else 0     # context positions the next draft takes in
         if policy is not None and not copy:
-            n = policy.choose(1, n, taken)
+            n = policy.choose(n)
         use_copier = copier is not None and n > 0 and not copy
         cands = copy_inputs([copier], n_drafts, dev) if use_copier else None
         if tree_nodes and not copy:
@@ -155,7 +155,9 @@ def speculative_generate(target, drafter=None, prompt: str | None = None, prompt
                                                      p, gen)
             t2 = time.perf_counter()
             if policy is not None:     # a copy's acceptance says nothing about the drafter's
-                policy.update(len(drafts), 1, t2 - t1, [acc] if draft is not None else None, t1 - t0, taken)
+                # a drafter step whose cutoff kept no draft is still a drafting step
+                policy.update(max(len(drafts), draft is not None), acc + 1, t1 - t0, t2 - t1,
+                              drafted=draft is not None, steady=taken <= n_drafts + 1)
 
             committed, acc, bonus = sampling.commit(drafts[:acc].tolist(), nxt, eos, max_new_tokens - len(tokens))
             # Target cache: it now holds start + n + 1 positions; keep the anchor and the accepted drafts.

@@ -45,10 +45,10 @@ class InferenceOptions:
     # "all" = the whole block every step. Large batches make a verified position cost real compute
     # (docs/design.md#adaptive-batched-drafts).
     batch_drafts: str = "adaptive"
-    # Batch-1 decoding (chain verification): choose each step's draft count with the same policy as batched
-    # decoding at one row (decoding/adaptive.py), down to 0 = a plain step where the text's measured acceptance
-    # does not pay for a draft and a verify; False = the whole block every step. A drafter well below its
-    # break-even τ on some text then costs little more than plain decoding there (docs/design.md#adaptive-drafts-at-batch-1).
+    # Batch-1 decoding (chain verification): take plain steps while the text's measured tokens per drafting step
+    # do not pay for a draft and a verify, probing now and then (decoding/adaptive.py, PlainFallback); False =
+    # draft every step. A drafter below its break-even τ on some text then costs little more than plain decoding
+    # there (docs/design.md#adaptive-drafts-at-batch-1).
     adaptive_drafts: bool = False
 
     def __post_init__(self):
@@ -94,8 +94,8 @@ def add_inference_args(p, block_size: bool = False) -> None:
                    help="draft by copying when the text's last N+ tokens occurred before (the continuation of their "
                         "latest occurrence replaces the drafter's block or tree; 0 = off, the default)")
     p.add_argument("--adaptive-drafts", action="store_true", default=None,
-                   help="batch 1: choose each step's draft count from the acceptance and step times measured so far "
-                        "(0 = a plain step where drafting does not pay); default: the whole block every step")
+                   help="batch 1: take plain steps while the text's measured tokens per drafting step do not pay "
+                        "for a draft and a verify (probing now and then); default: draft every step")
     p.add_argument("--tree-min-prob", type=float, default=None, metavar="P",
                    help="tree verification: keep only nodes the drafter gives a path probability of at least P "
                         "(0 = fill the --tree-nodes budget, the default)")
