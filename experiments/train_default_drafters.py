@@ -128,8 +128,9 @@ def ship(args, argv) -> None:
         d.save_pretrained(dst)
         (dst / "README.md").write_text(
             f"# `{name}` drafter ({method})\n\n"
-            f"Trained on the embedded default target by `python experiments/train_default_drafters.py` with recipe "
-            f"`experiments/configs/{method}.yaml`, seed {args.seeds[0]}, {res['steps']} steps; shipped by "
+            f"Trained on the embedded default target with recipe `experiments/configs/{method}.yaml`, seed "
+            f"{args.seeds[0]}, {res['steps']} steps (`python experiments/train_default_drafters.py` trains the "
+            f"recipes; run folder `{src.name}`); shipped by "
             f"`{command}` "
             f"at the best validation τ ({res['best_tau']:.3f} on the recipe's validation prompts).{note} Results "
             f"over seeds and eval sets: `experiments/results/drafters*.md`.\n")
