@@ -148,8 +148,8 @@ class Catalog:
                 tree_min_prob: float = 0.0, adaptive: bool = False):
         """The drafter `value` bound to target `target_value` (None for plain decoding); UserError if it
         doesn't fit the target. `lookup` > 0 turns on lookup drafting, `tree_min_prob` > 0 prunes unlikely tree
-        nodes, `adaptive` chooses each step's draft count (one cached drafter per setting: options are read by the engine during a decode, so concurrent
-        requests must not share a mutable one)."""
+        nodes, `adaptive` takes plain steps where drafting does not pay (one cached drafter per setting: options
+        are read by the engine during a decode, so concurrent requests must not share a mutable one)."""
         entry = self.drafters.get(value)
         if entry is None:
             raise UserError(f"unknown drafter {value!r}; pick one from the list")

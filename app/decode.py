@@ -13,7 +13,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from domino_lab.decoding import GenerationResult, StepRecord, speculative_generate
-from domino_lab.decoding.engine import check_tree_mode
+from domino_lab.decoding.engine import check_adaptive_mode, check_tree_mode
 from domino_lab.decoding.lookup import MAX_NGRAM
 from domino_lab.errors import UserError
 from domino_lab.models.options import InferenceOptions
@@ -64,8 +64,7 @@ class Request:
             raise UserError("tree min prob must be a number in [0, 1) (0 = fill the node budget)") from None
         self.tree_min_prob = InferenceOptions(tree_min_prob=p_min).tree_min_prob     # the options' own range check
         self.adaptive = bool(self.adaptive)
-        if self.adaptive and self.tree_nodes:
-            raise UserError("adaptive drafts choose a chain's length: set tree nodes to 0 or turn adaptive drafts off")
+        check_adaptive_mode(self.adaptive, self.tree_nodes)
         return self
 
 

@@ -170,7 +170,6 @@ class PlainFallback:
         self.drafted = 0
         self.backoff = 4
         self._plain_run = 0                    # plain steps since the last drafting step
-        self._measure = False                  # the next step is plain, to time one
 
     def choose(self, room: int) -> int:
         cap = max(0, min(self.n_max, room))
@@ -178,23 +177,24 @@ class PlainFallback:
             return cap                         # (no steady drafting step timed yet: keep drafting)
         if self.t_plain is None:
             # would drafting lose even against a plain step of half a verify? then a plain step is worth timing
-            self._measure = self.tau * 0.5 * self.t_verify < self.t_spec
-            return 0 if self._measure else cap
+            return 0 if self.tau * 0.5 * self.t_verify < self.t_spec else cap
         if self.tau * self.t_plain >= self.t_spec:
             return cap
         return cap if self._plain_run >= self.backoff else 0          # a probe: has the text changed?
 
-    def update(self, n: int, committed: int, t_draft: float, t_verify: float, drafted: bool = True,
+    def update(self, n: int, committed: int, t_draft: float, t_verify: float, drafted: bool | None = None,
                steady: bool = True) -> None:
-        """After a step: n drafts verified (0 = plain), the tokens it committed, its times; `drafted` False for a
-        step that verified copied text (lookup), `steady` False for a draft that first took in the context of
-        earlier plain steps (its time is not a steady draft's)."""
-        mix = lambda old, new: new if old is None else self.decay * old + (1 - self.decay) * new   # noqa: E731
-        if n == 0:
-            self.t_plain = mix(self.t_plain, t_verify)
-            self._plain_run += 1
-            return
+        """After a step: n positions verified past the anchor, the tokens it committed, its times. `drafted`:
+        whether the drafter ran (default n > 0; False with n > 0 = a step that verified copied text, which says
+        nothing about the drafter; True with n = 0 = a draft the cutoff trimmed to nothing, still a drafting step).
+        `steady` False for a draft that first took in the context of earlier plain steps (not a steady draft's
+        time)."""
+        drafted = n > 0 if drafted is None else drafted
+        mix = lambda old, new: _mix(old, new, self.decay)      # noqa: E731
         if not drafted:
+            if n == 0:                         # a plain step
+                self.t_plain = mix(self.t_plain, t_verify)
+                self._plain_run += 1
             return
         probe = self._plain_run > 0
         self.drafted += 1

@@ -66,9 +66,7 @@ def speculative_generate(target, drafter=None, prompt: str | None = None, prompt
     if tree_nodes:
         check_tree_mode(drafter, temperature)
     adaptive = drafter is not None and drafter.options.adaptive_drafts
-    if adaptive and tree_nodes:
-        raise UserError("adaptive drafts choose a chain's length; they do not apply to tree verification: "
-                        "use tree nodes 0 or turn adaptive drafts off")
+    check_adaptive_mode(adaptive, tree_nodes)
     min_copy = drafter.options.lookup if drafter is not None else 0
     check_lookup_mode(drafter, min_copy)
     ids = prompt_token_ids(target, prompt, prompt_ids)
@@ -155,9 +153,8 @@ def speculative_generate(target, drafter=None, prompt: str | None = None, prompt
                                                      p, gen)
             t2 = time.perf_counter()
             if policy is not None:     # a copy's acceptance says nothing about the drafter's
-                # a drafter step whose cutoff kept no draft is still a drafting step
-                policy.update(max(len(drafts), draft is not None), acc + 1, t1 - t0, t2 - t1,
-                              drafted=draft is not None, steady=taken <= n_drafts + 1)
+                policy.update(len(drafts), acc + 1, t1 - t0, t2 - t1, drafted=draft is not None,
+                              steady=taken <= n_drafts + 1)
 
             committed, acc, bonus = sampling.commit(drafts[:acc].tolist(), nxt, eos, max_new_tokens - len(tokens))
             # Target cache: it now holds start + n + 1 positions; keep the anchor and the accepted drafts.
@@ -207,6 +204,13 @@ def check_tree_mode(drafter, temperature: float) -> None:
         raise UserError("tree verification is greedy only (temperature 0): the tree holds the drafter's most "
                         "probable branches, not samples, so sampling over it would not be lossless; use "
                         "temperature 0 or tree nodes 0 (chain verification, exact at any temperature)")
+
+
+def check_adaptive_mode(adaptive: bool, tree_nodes: int) -> None:
+    """Adaptive drafts decide whether a chain step drafts; a tree's size is its node budget instead."""
+    if adaptive and tree_nodes:
+        raise UserError("adaptive drafts choose a chain's length; they do not apply to tree verification: "
+                        "use tree nodes 0 or turn adaptive drafts off")
 
 
 def check_lookup_mode(drafter, lookup: int) -> None:
