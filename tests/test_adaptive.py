@@ -131,24 +131,37 @@ def test_plain_steps_wait_for_evidence():
     assert 8 <= tried <= 9 and p.choose(1, 8, pending=1) == 0     # (the counts age by 1% a step)
 
 
-def test_batch_1_adaptive_drafts_are_lossless_and_fall_back_to_plain_steps(target):
+class _FixedCosts(PlainFallback):
+    """The engine's policy with its measured times replaced by fixed ones (draft 3 ms, verify 8 ms, plain step
+    5 ms): what it chooses then depends on the committed counts alone, not on how loaded the machine is."""
+
+    def update(self, n, committed, t_draft, t_verify, drafted=None, steady=True):
+        plain = n == 0 and not drafted
+        super().update(n, committed, 0.0 if plain else 3e-3, 5e-3 if plain else 8e-3, drafted, steady)
+
+
+def test_batch_1_adaptive_drafts_are_lossless_and_fall_back_to_plain_steps(target, monkeypatch):
     """A drafter that is never right (untrained) drafts its warm-up steps, then plain steps take over, with a
     probe every few of them; the output is the target's greedy output."""
     from domino_lab import Drafter, speculative_generate
+    from domino_lab.decoding import engine
     from domino_lab.models import InferenceOptions
 
     d = Drafter.untrained(target, "domino", seed=0, block_size=8).set_options(InferenceOptions(adaptive_drafts=True))
     always = Drafter.untrained(target, "domino", seed=0, block_size=8)
-    for p in ([5, 9, 17], [40, 41, 42, 43], [11, 30, 7, 7, 12]):
-        plain = speculative_generate(target, None, prompt_ids=p, max_new_tokens=48)
-        res = speculative_generate(target, d, prompt_ids=p, max_new_tokens=48)
-        assert res.token_ids == plain.token_ids
-        assert res.token_ids == speculative_generate(target, always, prompt_ids=p, max_new_tokens=48).token_ids
-        counts = [len(s.draft_tokens) for s in res.steps]
-        assert counts[:PlainFallback.WARMUP] == [8] * PlainFallback.WARMUP, counts
-        if len(counts) > 24:
-            assert counts[:-1].count(0) > len(counts) // 2, counts     # mostly plain after the warm-up
-            assert counts[PlainFallback.WARMUP + 1:-1].count(8) >= 1, counts     # and probes between them
+    for fixed in (False, True):
+        if fixed:
+            monkeypatch.setattr(engine, "PlainFallback", _FixedCosts)
+        for p in ([5, 9, 17], [40, 41, 42, 43], [11, 30, 7, 7, 12]):
+            plain = speculative_generate(target, None, prompt_ids=p, max_new_tokens=48)
+            res = speculative_generate(target, d, prompt_ids=p, max_new_tokens=48)
+            assert res.token_ids == plain.token_ids
+            assert res.token_ids == speculative_generate(target, always, prompt_ids=p, max_new_tokens=48).token_ids
+            counts = [len(s.draft_tokens) for s in res.steps]
+            assert counts[:PlainFallback.WARMUP] == [8] * PlainFallback.WARMUP, counts
+            if fixed and len(counts) > 24:     # (measured times on a loaded machine may let a probe win)
+                assert counts[:-1].count(0) > len(counts) // 2, counts     # mostly plain after the warm-up
+                assert counts[PlainFallback.WARMUP + 1:-1].count(8) >= 1, counts     # and probes between them
 
 
 def test_plain_fallback_keeps_drafting_where_it_pays_and_probes_with_backoff():

