@@ -11,21 +11,32 @@ import statistics
 
 from .decoding import speculative_generate
 from .decoding.metrics import StepTally
+from .errors import UserError
 
 
 def evaluate(target, drafter, prompts: list[dict], max_new_tokens: int = 128, temperature: float = 0.0,
-             seed: int = 0, progress: bool = False, keep_ids: bool = False) -> dict:
-    """τ and timings over `prompts`; `keep_ids` adds each prompt's generated token ids (lossless checks)."""
+             seed: int = 0, progress: bool = False, keep_ids: bool = False, samples: int = 1) -> dict:
+    """τ and timings over `prompts`; `keep_ids` adds each prompt's generated token ids (lossless checks).
+
+    samples > 1 (T > 0 only): each prompt is decoded with sampling seeds seed, seed + 1, ...; its row pools their
+    steps, so a paired comparison still has one difference per prompt but far less sampling noise in it."""
     from tqdm.auto import tqdm
 
+    if samples < 1 or (samples > 1 and temperature <= 0):
+        raise UserError(f"samples={samples}: use 1, or more than 1 only with a temperature > 0 (greedy decoding "
+                        "gives the same output for every sampling seed)")
     rows = []
     tally = StepTally(drafter.config.num_drafts if drafter is not None else 0)
     for p in tqdm(prompts, disable=not progress, desc="decode"):
-        res = speculative_generate(target, drafter, prompt=p["prompt"], max_new_tokens=max_new_tokens,
-                                   temperature=temperature, seed=seed)
-        tally.add(res.steps)
-        rows.append({"id": p["id"], "tau": res.mean_acceptance_length, "steps": len(res.steps),
-                     "tokens": len(res.token_ids), "wall_s": res.wall_time_s,
+        own = StepTally()
+        tokens, wall = 0, 0.0
+        for k in range(samples):
+            res = speculative_generate(target, drafter, prompt=p["prompt"], max_new_tokens=max_new_tokens,
+                                       temperature=temperature, seed=seed + k)
+            tally.add(res.steps)
+            own.add(res.steps)
+            tokens, wall = tokens + len(res.token_ids), wall + res.wall_time_s
+        rows.append({"id": p["id"], "tau": own.tau or 0.0, "steps": own.steps, "tokens": tokens, "wall_s": wall,
                      **({"token_ids": res.token_ids} if keep_ids else {})})
     return {"tau": tally.tau or 0.0, "per_prompt": rows, "accept_pos": tally.accept_pos,
             "draft_ms": tally.draft_ms or 0.0, "verify_ms": tally.verify_ms or 0.0}
@@ -42,3 +53,46 @@ def paired(a: dict, b: dict) -> dict:
     return {"n": len(diffs), "mean_diff": mean, "ci95": [mean - 1.96 * se, mean + 1.96 * se],
             "wins": sum(d > 0 for d in diffs), "losses": sum(d < 0 for d in diffs), "ties": sum(d == 0 for d in diffs),
             "ratio": a["tau"] / b["tau"] if b["tau"] else float("nan")}
+
+
+def named_drafters(items: list[str], target) -> dict:
+    """`NAME=SPEC` command-line items -> {name: drafter}; SPEC is a checkpoint dir or shipped name, `SPEC:head-off`
+    the same model with its Domino head off."""
+    from .models import load_drafter
+
+    out = {}
+    for item in items:
+        if "=" not in item:
+            raise UserError(f"--drafter {item!r} must be NAME=SPEC")
+        name, spec = item.split("=", 1)
+        d = load_drafter(spec.removesuffix(":head-off"), target)
+        if spec.endswith(":head-off"):
+            d.head_enabled = False
+        out[name] = d
+    return out
+
+
+def run_record() -> dict:
+    """The command, machine and time a result file records."""
+    import platform
+    import sys
+    import time
+
+    import torch
+
+    return {"command": " ".join(sys.argv), "machine": f"{platform.machine()} {torch.get_num_threads()} threads",
+            "date": time.strftime("%Y-%m-%d %H:%M")}
+
+
+def save_results(out: str, results: dict, lines: list[str]) -> None:
+    """Print the markdown table `lines`; write the JSON results at `out` and the table beside it (same name, .md),
+    headed by the command."""
+    import json
+    from pathlib import Path
+
+    table = "\n".join(lines)
+    print(table)
+    path = Path(out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(results, indent=1))
+    path.with_suffix(".md").write_text(f"`{results['command']}` ({results['machine']}, {results['date']})\n\n{table}\n")

@@ -9,18 +9,10 @@ The first drafter is compared with each other one, prompt by prompt (τ_a − τ
 from __future__ import annotations
 
 import argparse
-import json
-import platform
-import sys
-import time
-from pathlib import Path
-
-import torch
 
 from domino_lab.data.eval_sets import load_eval_set
-from domino_lab.errors import UserError, run_cli
-from domino_lab.evaluate import evaluate, paired
-from domino_lab.models import load_drafter
+from domino_lab.errors import run_cli
+from domino_lab.evaluate import evaluate, named_drafters, paired, run_record, save_results
 from domino_lab.target import Target
 
 
@@ -32,27 +24,20 @@ def main(argv=None) -> int:
     p.add_argument("--limit", type=int)
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--samples", type=int, default=1,
+                   help="T > 0: sampling seeds per prompt, pooled into the prompt's τ (less noise per paired difference)")
     p.add_argument("--out", required=True, help="JSON results (a markdown table is printed and written beside it)")
     args = p.parse_args(argv)
     target = Target.from_pretrained(args.target)
-    drafters = {}
-    for item in args.drafter:
-        if "=" not in item:
-            raise UserError(f"--drafter {item!r} must be NAME=SPEC")
-        name, spec = item.split("=", 1)
-        head_off = spec.endswith(":head-off")
-        d = load_drafter(spec.removesuffix(":head-off"), target)
-        if head_off:
-            d.head_enabled = False
-        drafters[name] = d
-    results = {"command": " ".join(sys.argv), "machine": f"{platform.machine()} {torch.get_num_threads()} threads",
-               "date": time.strftime("%Y-%m-%d %H:%M"), "sets": {}}
+    drafters = named_drafters(args.drafter, target)
+    results = {**run_record(), "sets": {}}
     lines = ["| set | drafter | τ | paired Δτ vs first (95% CI) | wins/losses | accept per position | draft ms |",
              "|---|---|---|---|---|---|---|"]
     names = list(drafters)
     for s in args.sets:
         prompts = load_eval_set(s, limit=args.limit)
-        res = {n: evaluate(target, d, prompts, args.max_new_tokens, args.temperature, progress=True)
+        res = {n: evaluate(target, d, prompts, args.max_new_tokens, args.temperature, progress=True,
+                            samples=args.samples)
                for n, d in drafters.items()}
         results["sets"][s] = {n: r for n, r in res.items()}
         for n in names:
@@ -64,12 +49,7 @@ def main(argv=None) -> int:
             lines.append(f"| {s} | {n} | {res[n]['tau']:.3f} | {cmp} | {wl} | {pos} | {res[n]['draft_ms']:.2f} |")
             if pr:
                 results["sets"][s][f"paired_{names[0]}_vs_{n}"] = pr
-    table = "\n".join(lines)
-    print(table)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=1))
-    out.with_suffix(".md").write_text(f"`{results['command']}` ({results['machine']}, {results['date']})\n\n{table}\n")
+    save_results(args.out, results, lines)
     return 0
 
 

@@ -48,15 +48,15 @@ class DraftAttention(nn.Module):
         v = self.v_proj(x).view(b, t, self.nkv, self.hd).transpose(1, 2)
         return rope(k, cos, sin), v
 
-    def forward(self, x, ctx, blk_rope, ctx_rope, mask=None, cache=None):
-        """x: block states [b, Q, H] (already layer-normed); ctx: fused context [b, C, H] or None."""
+    def forward(self, x, ctx, blk_rope, kv_rope, mask=None, cache=None):
+        """x: block states [b, Q, H] (already layer-normed); ctx: fused context [b, C, H] or None; blk_rope the
+        block's (cos, sin), kv_rope those of [context ; block] (the block's alone without context)."""
         b, q_len, _ = x.shape
         q = self.q_norm(self.q_proj(x).view(b, q_len, self.nh, self.hd)).transpose(1, 2)
         q = rope(q, *blk_rope)
-        k, v = self.kv(x, *blk_rope)
-        if ctx is not None and ctx.shape[1] > 0:
-            kc, vc = self.kv(ctx, *ctx_rope)
-            k, v = torch.cat([kc, k], dim=2), torch.cat([vc, v], dim=2)
+        # context and block share the k/v projections: one matmul over [context ; block] (at inference a few
+        # committed positions and a block, where each extra small op costs about what its arithmetic does)
+        k, v = self.kv(torch.cat([ctx, x], dim=1) if ctx is not None else x, *kv_rope)
         if cache is not None:
             # The cache holds earlier context K/V; the caller crops the block part off afterwards.
             k, v = cache.update(k, v, self.layer_idx)
@@ -72,8 +72,8 @@ class DraftLayer(nn.Module):
         self.input_layernorm = Qwen3RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
         self.post_attention_layernorm = Qwen3RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
 
-    def forward(self, x, ctx, blk_rope, ctx_rope, mask=None, cache=None):
-        x = x + self.self_attn(self.input_layernorm(x), ctx, blk_rope, ctx_rope, mask, cache)
+    def forward(self, x, ctx, blk_rope, kv_rope, mask=None, cache=None):
+        x = x + self.self_attn(self.input_layernorm(x), ctx, blk_rope, kv_rope, mask, cache)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -100,11 +100,15 @@ class Backbone(nn.Module):
         ctx = self.hidden_norm(self.fc(ctx_feats)) if ctx_feats is not None else None
         if self.anchor_proj is not None:
             block_emb = block_emb + self.anchor_proj(self.anchor_context(ctx, ctx_pos, block_pos))
-        blk_rope = self.rotary_emb(block_emb, block_pos)
-        ctx_rope = self.rotary_emb(block_emb, ctx_pos) if ctx is not None else None
+        if ctx is not None and ctx.shape[1] == 0:
+            ctx = None
+        # one rotary table over [context ; block]: the keys' positions; the queries' are its block part
+        kv_rope = self.rotary_emb(block_emb, torch.cat([ctx_pos, block_pos], 1) if ctx is not None else block_pos)
+        q = block_pos.shape[1]
+        blk_rope = tuple(t[:, -q:] for t in kv_rope)
         x = block_emb
         for layer in self.layers:
-            x = layer(x, ctx, blk_rope, ctx_rope, mask, cache)
+            x = layer(x, ctx, blk_rope, kv_rope, mask, cache)
         return self.norm(x)
 
     def anchor_context(self, ctx: torch.Tensor | None, ctx_pos: torch.Tensor | None,

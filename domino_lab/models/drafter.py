@@ -81,7 +81,7 @@ class Drafter(nn.Module, metaclass=ABCMeta):
         self._target = None
         if config.frspec_k:   # placeholder ids until set_frspec (training) or load_state_dict (a checkpoint)
             self.register_buffer("frspec_ids", torch.arange(config.frspec_k), persistent=True)
-        self._fr_head = None  # (key, W_lm rows of the FR-Spec subset), rebuilt when a weight changes
+        self._fr_head = None  # (key, W_lm rows of the FR-Spec subset, membership [V]), rebuilt when a weight changes
         self.build(config)
         self._init_weights()
         if target is not None:
@@ -197,7 +197,9 @@ class Drafter(nn.Module, metaclass=ABCMeta):
         key = (lm.weight.data_ptr(), lm.weight._version, vm.data_ptr(), vm._version, lm.weight.device)
         if self._fr_head is None or self._fr_head[0] != key:
             with torch.no_grad():
-                self._fr_head = (key, (lm.weight[vm], bias[vm] if bias is not None else None))
+                listed = torch.zeros(lm.weight.shape[0], dtype=torch.bool, device=vm.device)
+                listed[vm] = True         # membership by lookup (draft_logits): torch.isin sorts on every call
+                self._fr_head = (key, (lm.weight[vm], bias[vm] if bias is not None else None), listed)
         return F.linear(h, *self._fr_head[1])
 
     def draft_logits(self, h: torch.Tensor, extra_ids: torch.Tensor | None = None
@@ -208,7 +210,7 @@ class Drafter(nn.Module, metaclass=ABCMeta):
         base, vm = self.draft_lm_head(h), self.draft_vocab
         if vm is None or extra_ids is None:
             return base, vm
-        extra = extra_ids[~torch.isin(extra_ids, vm)]
+        extra = extra_ids[~self._fr_head[2][extra_ids]]        # (the list's membership table, set by draft_lm_head)
         if not extra.numel():
             return base, vm
         lm = self.target.lm_head

@@ -1,0 +1,97 @@
+"""τ over an eval set (domino_lab/evaluate.py) and the drafter comparison script built on it."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_samples_pool_several_sampling_seeds_per_prompt(target, monkeypatch):
+    from domino_lab import Drafter, speculative_generate
+    from domino_lab.errors import UserError
+    from domino_lab.evaluate import evaluate
+
+    d = Drafter.untrained(target, "dflash", seed=0, block_size=4)
+    prompts = [{"id": f"p{i}", "prompt": None, "ids": ids} for i, ids in enumerate(([5, 9, 17], [40, 41, 42]))]
+    one = [speculative_generate(target, d, prompt_ids=p["ids"], max_new_tokens=12, temperature=1.0, seed=s)
+           for p in prompts for s in (3, 4)]
+    # evaluate decodes text prompts; the tiny target has no tokenizer, so the prompt's id names its token ids
+    import domino_lab.evaluate as ev
+
+    orig = ev.speculative_generate
+    ids = {p["id"]: p["ids"] for p in prompts}
+    monkeypatch.setattr(ev, "speculative_generate",
+                        lambda target, drafter, prompt, **kw: orig(target, drafter, prompt_ids=ids[prompt], **kw))
+    res = evaluate(target, d, [{"id": p["id"], "prompt": p["id"]} for p in prompts], 12, 1.0, seed=3, samples=2)
+    for row, pair in zip(res["per_prompt"], (one[:2], one[2:])):
+        steps = [s for r in pair for s in r.steps]
+        assert row["steps"] == len(steps)
+        assert row["tau"] == pytest.approx(sum(s.acceptance_length for s in steps) / len(steps))
+        assert row["tokens"] == sum(len(r.token_ids) for r in pair)
+    all_steps = [s for r in one for s in r.steps]
+    assert res["tau"] == pytest.approx(sum(s.acceptance_length for s in all_steps) / len(all_steps))
+    with pytest.raises(UserError, match="samples=2: use 1, or more than 1 only with a temperature > 0"):
+        evaluate(target, d, [], 12, 0.0, samples=2)
+
+
+def test_compare_drafters_script_with_samples(tmp_path):
+    out = tmp_path / "cmp.json"
+    cmd = [sys.executable, str(ROOT / "experiments" / "compare_drafters.py"), "--drafter", "domino=default",
+           "--drafter", "dflash=default-dflash", "--sets", "math", "--limit", "2", "--max-new-tokens", "16",
+           "--temperature", "1.0", "--samples", "2", "--out", str(out)]
+    subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=ROOT)
+    res = json.loads(out.read_text())["sets"]["math"]
+    assert [r["id"] for r in res["domino"]["per_prompt"]] == [r["id"] for r in res["dflash"]["per_prompt"]]
+    assert res["paired_domino_vs_dflash"]["n"] == 2
+    assert "--samples 2" in out.with_suffix(".md").read_text()
+    bad = subprocess.run(cmd[:-6] + ["--samples", "2", "--out", str(tmp_path / "bad.json")], capture_output=True,
+                         text=True, cwd=ROOT)
+    assert bad.returncode != 0 and "only with a temperature > 0" in bad.stderr
+    assert not (tmp_path / "bad.json").exists()
+
+
+def _script(name: str):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, ROOT / "experiments" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_first_draft_overlap_matches_the_drafting_path(target):
+    """Slot 0's teacher-forced overlap is Σ min(p, q) with q what drafting samples the first draft from."""
+    import torch
+    import torch.nn.functional as F
+    from transformers import DynamicCache
+
+    from domino_lab import Drafter
+
+    fdo = _script("first_draft_overlap")
+    d = Drafter.untrained(target, "domino", seed=0, block_size=4)
+    ids = [5, 9, 17, 40, 41, 42, 7, 12]
+    a = len(ids) - 2                       # the one anchor whose first label is generated
+    r = fdo.slot_overlap(target, d, [(ids, a)], temperature=1.0, anchors=4, seed=0)
+    assert r["contexts"][0] == 1
+    x = torch.tensor([ids])
+    feats = target.features(x, d.config.target_layer_ids)
+    draft = d.draft(feats[:, :a], 0, x[0, a:a + 1], a, DynamicCache(), n=1, temperature=1.0,
+                    generator=torch.Generator().manual_seed(0))
+    p = F.softmax(target.forward(x).logits[0, a].double(), -1)
+    assert r["overlap"][0] == pytest.approx(torch.minimum(p, draft.q[0, 0].double()).sum().item(), rel=1e-6)
+    assert 0 < r["overlap"][0] < 1
+
+
+def test_first_draft_overlap_script(tmp_path):
+    out = tmp_path / "o.json"
+    cmd = [sys.executable, str(ROOT / "experiments" / "first_draft_overlap.py"), "--drafter", "domino=default",
+           "--sets", "math", "--limit", "1", "--max-new-tokens", "12", "--anchors", "4", "--out", str(out)]
+    subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=ROOT)
+    r = json.loads(out.read_text())["sets"]["math"]["domino"]
+    assert len(r["overlap"]) == 8 and all(0 < v <= 1 for v in r["overlap"][:1])
+    bad = subprocess.run(cmd[:-2] + ["--temperature", "0", "--out", str(tmp_path / "b.json")], capture_output=True,
+                         text=True, cwd=ROOT)
+    assert bad.returncode == 2 and "needs a temperature > 0" in bad.stderr and not (tmp_path / "b.json").exists()
