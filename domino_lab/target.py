@@ -93,7 +93,10 @@ class Target:
         cfg = model.config
         self.num_layers: int = cfg.num_hidden_layers
         self.hidden_size: int = cfg.hidden_size
-        self.vocab_size: int = model.get_output_embeddings().weight.shape[0]
+        # the borrowed pieces, looked up once: HF finds them by walking the model on every call, and a draft step
+        # reads them several times (the model is frozen; moving it to a device keeps the same modules)
+        self._embed_tokens, self._lm_head = model.get_input_embeddings(), model.get_output_embeddings()
+        self.vocab_size: int = self._lm_head.weight.shape[0]
         self.max_length: int = getattr(cfg, "max_position_embeddings", 1 << 30)
         self.taps = list(taps) if taps is not None else default_tap_layers(self.num_layers)
         for j in self.taps:
@@ -163,11 +166,11 @@ class Target:
     # ---- the pieces a drafter borrows ----------------------------------------------------------
     @property
     def embed_tokens(self) -> nn.Module:
-        return self.model.get_input_embeddings()
+        return self._embed_tokens
 
     @property
     def lm_head(self) -> nn.Module:
-        return self.model.get_output_embeddings()
+        return self._lm_head
 
     @property
     def device(self) -> torch.device:

@@ -25,14 +25,6 @@ def qwen3_config(cfg: DrafterConfig) -> Qwen3Config:
                        rope_parameters={"rope_type": "default", "rope_theta": cfg.rope_theta})
 
 
-class RMSNorm(Qwen3RMSNorm):
-    """Qwen3's RMSNorm (same parameter, same values in float32) through torch's one-call `F.rms_norm`: a draft step
-    runs ten of them on a few positions each, where HF's five-op version costs more in dispatch than in arithmetic."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.rms_norm(x, self.weight.shape, self.weight, self.variance_epsilon)
-
-
 def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x: [b, heads, t, d]; cos/sin: [b, t, d]."""
     return x * cos.unsqueeze(1) + rotate_half(x) * sin.unsqueeze(1)
@@ -47,8 +39,8 @@ class DraftAttention(nn.Module):
         self.k_proj = nn.Linear(cfg.hidden_size, self.nkv * self.hd, bias=False)
         self.v_proj = nn.Linear(cfg.hidden_size, self.nkv * self.hd, bias=False)
         self.o_proj = nn.Linear(self.nh * self.hd, cfg.hidden_size, bias=False)
-        self.q_norm = RMSNorm(self.hd, eps=cfg.rms_norm_eps)
-        self.k_norm = RMSNorm(self.hd, eps=cfg.rms_norm_eps)
+        self.q_norm = Qwen3RMSNorm(self.hd, eps=cfg.rms_norm_eps)
+        self.k_norm = Qwen3RMSNorm(self.hd, eps=cfg.rms_norm_eps)
 
     def kv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         b, t, _ = x.shape
@@ -77,8 +69,8 @@ class DraftLayer(nn.Module):
         super().__init__()
         self.self_attn = DraftAttention(cfg, layer_idx)
         self.mlp = Qwen3MLP(qwen3_config(cfg))
-        self.input_layernorm = RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+        self.input_layernorm = Qwen3RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+        self.post_attention_layernorm = Qwen3RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
 
     def forward(self, x, ctx, blk_rope, kv_rope, mask=None, cache=None):
         x = x + self.self_attn(self.input_layernorm(x), ctx, blk_rope, kv_rope, mask, cache)
@@ -91,11 +83,11 @@ class Backbone(nn.Module):
     def __init__(self, cfg: DrafterConfig):
         super().__init__()
         self.fc = nn.Linear(len(cfg.target_layer_ids) * cfg.hidden_size, cfg.hidden_size, bias=False)
-        self.hidden_norm = RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+        self.hidden_norm = Qwen3RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
         self.layers = nn.ModuleList(DraftLayer(cfg, i) for i in range(cfg.num_layers))
         self.block_size = cfg.block_size
         self.anchor_proj = nn.Linear(cfg.hidden_size, cfg.hidden_size, bias=False) if cfg.anchor_feature else None
-        self.norm = RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+        self.norm = Qwen3RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
         self.rotary_emb = Qwen3RotaryEmbedding(qwen3_config(cfg))
 
     def forward(self, block_emb: torch.Tensor, block_pos: torch.Tensor, ctx_feats: torch.Tensor | None,

@@ -19,11 +19,11 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3RotaryEmbedding
+from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3RMSNorm, Qwen3RotaryEmbedding
 
 from ..errors import UserError
 from ..sampling import sample_from
-from .backbone import RMSNorm, qwen3_config, rope
+from .backbone import qwen3_config, rope
 from .config import DrafterConfig
 from .drafter import BlockBatch, Draft, Drafter, draft_labels
 from .frspec import q_to_vocab, to_vocab
@@ -39,8 +39,8 @@ class EagleAttention(nn.Module):
         self.k_proj = nn.Linear(two_h, self.nkv * self.hd, bias=False)
         self.v_proj = nn.Linear(two_h, self.nkv * self.hd, bias=False)
         self.o_proj = nn.Linear(self.nh * self.hd, cfg.hidden_size, bias=False)
-        self.q_norm = RMSNorm(self.hd, eps=cfg.rms_norm_eps)
-        self.k_norm = RMSNorm(self.hd, eps=cfg.rms_norm_eps)
+        self.q_norm = Qwen3RMSNorm(self.hd, eps=cfg.rms_norm_eps)
+        self.k_norm = Qwen3RMSNorm(self.hd, eps=cfg.rms_norm_eps)
 
     def qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         b, t, _ = x.shape
@@ -61,12 +61,12 @@ class EagleModel(nn.Module):
     def __init__(self, cfg: DrafterConfig):
         super().__init__()
         self.fc = nn.Linear(len(cfg.target_layer_ids) * cfg.hidden_size, cfg.hidden_size, bias=False)
-        self.hidden_norm = RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
-        self.input_layernorm = RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+        self.hidden_norm = Qwen3RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+        self.input_layernorm = Qwen3RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
         self.self_attn = EagleAttention(cfg)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+        self.post_attention_layernorm = Qwen3RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
         self.mlp = Qwen3MLP(qwen3_config(cfg))
-        self.norm = RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+        self.norm = Qwen3RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
         self.rotary_emb = Qwen3RotaryEmbedding(qwen3_config(cfg))
 
     def qkv(self, emb: torch.Tensor, feat: torch.Tensor, pos: torch.Tensor):
