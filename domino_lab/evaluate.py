@@ -86,13 +86,16 @@ def run_record() -> dict:
 
 def save_results(out: str, results: dict, lines: list[str]) -> None:
     """Print the markdown table `lines`; write the JSON results at `out` and the table beside it (same name, .md),
-    headed by the command."""
+    headed by the command, each whole or not at all."""
     import json
     from pathlib import Path
+
+    from .errors import atomic_path
 
     table = "\n".join(lines)
     print(table)
     path = Path(out)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(results, indent=1))
-    path.with_suffix(".md").write_text(f"`{results['command']}` ({results['machine']}, {results['date']})\n\n{table}\n")
+    with atomic_path(path) as tmp:
+        tmp.write_text(json.dumps(results, indent=1))
+    with atomic_path(path.with_suffix(".md")) as tmp:
+        tmp.write_text(f"`{results['command']}` ({results['machine']}, {results['date']})\n\n{table}\n")

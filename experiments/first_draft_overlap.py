@@ -41,8 +41,8 @@ def slot_overlap(target, drafter, seqs: list[tuple[list[int], int]], temperature
         x = torch.tensor([ids])
         lm = torch.zeros_like(x)
         lm[0, prompt_len:] = 1
-        feats = target.features(x, cfg.target_layer_ids)
-        p_logits = target.forward(x).logits[0].double()
+        out = target.forward(x, taps=cfg.target_layer_ids)         # one forward: the taps and p's logits
+        feats, p_logits = out.features, out.logits[0].double()
         a, keep = sample_anchors(lm, anchors, gen)
         copy = block_copy_inputs(x, a, n, cfg.copy_ngram) if cfg.copy_ngram else None
         bb = drafter.training_blocks(feats, x, lm, a, keep, "teacher_forcing", copy=copy)

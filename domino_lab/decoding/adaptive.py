@@ -190,18 +190,18 @@ class PlainFallback:
         `steady` False for a draft that first took in the context of earlier plain steps (not a steady draft's
         time)."""
         drafted = n > 0 if drafted is None else drafted
-        mix = lambda old, new: _mix(old, new, self.decay)      # noqa: E731
+        d = self.decay
         if not drafted:
             if n == 0:                         # a plain step
-                self.t_plain = mix(self.t_plain, t_verify)
+                self.t_plain = _mix(self.t_plain, t_verify, d)
                 self._plain_run += 1
             return
         probe = self._plain_run > 0
         self.drafted += 1
-        self.tau = mix(self.tau, float(committed))
+        self.tau = _mix(self.tau, float(committed), d)
         if steady:
-            self.t_spec = mix(self.t_spec, t_draft + t_verify)
-            self.t_verify = mix(self.t_verify, t_verify)
+            self.t_spec = _mix(self.t_spec, t_draft + t_verify, d)
+            self.t_verify = _mix(self.t_verify, t_verify, d)
         if probe and self.t_plain is not None:
             # the probe lost: wait longer before the next; it won: drafting resumes and the wait starts over
             won = self.tau * self.t_plain >= self.t_spec
