@@ -6,7 +6,7 @@ import pytest
 
 from domino_lab import Drafter, Target, speculative_generate
 from domino_lab.data.eval_sets import load_eval_set
-from domino_lab.decoding.lookup import MAX_NGRAM, NgramLookup
+from domino_lab.decoding.lookup import MAX_NGRAM, NgramLookup, draft_lookup
 from domino_lab.errors import UserError
 from domino_lab.models import load_drafter
 from domino_lab.models.options import InferenceOptions
@@ -52,6 +52,22 @@ def test_lookup_index_matches_a_brute_force_search():
                 assert got == ext[i + 1:], (i, m)
                 break
         assert n == want_n, i
+
+
+def test_offer_copies_only_where_the_texts_copies_have_started_right():
+    # "1 2" recurs four times, each time followed by something new: every copy there would have started wrong
+    misses = draft_lookup(2, [1, 2, 3, 1, 2, 4, 1, 2, 5, 1, 2, 6, 1, 2, 7, 1, 2])
+    assert misses.propose(8)[0][:1] == [7]
+    assert misses.offer(8) == misses.propose(8)[0]      # no drafting step yet: nothing to compare the copy with
+    misses.update([], accepted=5, proposed=8, copied=False)   # the drafter's steps commit 6 tokens here
+    assert misses.offer(8) == []                        # expected copy: 1 token (h = 0)
+    # a loop: every copy would have started right (h = 1), so a copy of 8 is expected to commit 9 > 6
+    loop = draft_lookup(2, [1, 2, 3] * 5 + [1, 2])
+    loop.update([], accepted=5, proposed=8, copied=False)
+    assert loop.offer(8) == loop.propose(8)[0] == [3, 1, 2, 3, 1, 2, 3, 1]
+    assert loop.offer(3) == []                          # ... but a copy of 3 commits at most 4 < 6
+    # the fixed index a copy-input drafter reads offers every match (it keeps no drafter record)
+    assert NgramLookup(2, [1, 2, 3, 1, 2, 4, 1, 2], adaptive=False).offer(2) == [4, 1]
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ from .. import sampling
 from ..errors import UserError
 from ..models.options import BATCH_DRAFTS
 from .adaptive import DraftCount
-from .lookup import NgramLookup, copy_index, copy_inputs
+from .lookup import copy_index, copy_inputs, draft_lookup
 
 
 @dataclass
@@ -87,7 +87,7 @@ def batched_generate(target, drafter, prompts_ids: list[list[int]], max_new_toke
     reasons = ["eos" if tokens[r][-1] in eos else full[r] for r in range(b)]
     # lookup drafting per row: a row whose text repeats verifies the copy instead of its drafts (the batch's draft
     # forward still runs for the other rows, unless every row copies)
-    lookups = [NgramLookup(min_copy, p + t) for p, t in zip(prompts_ids, tokens)] if min_copy else None
+    lookups = [draft_lookup(min_copy, p + t) for p, t in zip(prompts_ids, tokens)] if min_copy else None
     copied = [False] * b
     copy_k = drafter.config.copy_ngram if drafter is not None else 0      # the drafter's copy input, per row
     copiers = [copy_index(copy_k, p + t) for p, t in zip(prompts_ids, tokens)] if copy_k else None
@@ -120,7 +120,7 @@ def batched_generate(target, drafter, prompts_ids: list[list[int]], max_new_toke
         room = max(budget[r] - len(tokens[r]) for r in live) - 1     # the bonus token takes the last slot
         n = min(n_drafts, room)
         taken = sum(c[0].shape[1] for c in pending)                  # context positions the next draft takes in
-        copies = [lookups[r].propose(n)[0] for r in live] if lookups is not None and n > 0 else None
+        copies = [lookups[r].offer(n) for r in live] if lookups is not None and n > 0 else None
         # every row repeats itself: verify the copies and leave the drafter out (its context waits)
         copy_only = copies is not None and all(copies)
         if policy is not None and not copy_only:

@@ -18,7 +18,7 @@ from ..validation import check_seed
 from .records import GenerationResult, StepRecord
 from . import tree as trees
 from .adaptive import PlainFallback
-from .lookup import NgramLookup, copy_index, copy_inputs
+from .lookup import copy_index, copy_inputs, draft_lookup
 from .. import sampling
 
 
@@ -101,7 +101,7 @@ def speculative_generate(target, drafter=None, prompt: str | None = None, prompt
     start = len(ids)                                             # position of the current anchor
     steps: list[StepRecord] = []
     stop = "eos" if tokens[-1] in eos else None
-    lookup = NgramLookup(min_copy, ids + tokens) if min_copy else None
+    lookup = draft_lookup(min_copy, ids + tokens) if min_copy else None
     # a drafter with a copy input reads each block's copy candidates (models/block.py#CopyInput)
     copy_k = drafter.config.copy_ngram if drafter is not None else 0
     copier = copy_index(copy_k, ids + tokens) if copy_k else None
@@ -112,7 +112,7 @@ def speculative_generate(target, drafter=None, prompt: str | None = None, prompt
         remaining = max_new_tokens - len(tokens)
         n = min(n_drafts, remaining - 1)   # the bonus token takes the last slot of the budget
         t0 = time.perf_counter()
-        copy = lookup.propose(n)[0] if lookup is not None and n > 0 else []
+        copy = lookup.offer(n) if lookup is not None and n > 0 else []
         taken = pending.shape[0] if pending is not None else 0     # context positions the next draft takes in
         if policy is not None and not copy:
             n = policy.choose(n)

@@ -5,6 +5,7 @@ prompt, and then the next tokens are already in the context: prompt lookup (an n
 where a trained drafter keeps guessing its training prior (docs/design.md#lookup-drafting). The engine asks
 `NgramLookup.propose` before every step and, when the suffix match is long enough, verifies the copy instead of
 calling the drafter (which then skips that step: its context catches up at the next call); `update` after it.
+`offer` is `propose` behind the engine's test of whether copying pays in this text (docs/design.md#lookup-drafting).
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from collections import deque
 import torch
 
 MAX_NGRAM = 16      # longest suffix matched; longer matches are tried first (they are the most reliable)
+MIN_RECORD = 4      # tokens at which a copy had a match before `offer` trusts the text's record of them
 
 
 class NgramLookup:
@@ -65,6 +67,24 @@ class NgramLookup:
             return out, n
         return [], 0
 
+    def offer(self, k: int) -> list[int]:
+        """What the engine verifies instead of the drafter's block: `propose(k)`'s copy, or [] when this text's
+        record says copying does not pay. Of the recent tokens at which a copy (at the current match length) had a
+        match, a fraction h started right; a copy of n tokens then commits about 1 + h + ... + h^n (its bonus
+        included), which must reach what the drafter's steps commit on average in this text. Decided from committed
+        tokens only, so it keeps sampling exact (docs/design.md#lookup-drafting). Needs `track`; a lookup
+        without it, or a fixed one (adaptive False), offers every match."""
+        toks, _ = self.propose(k)
+        if not toks or not self.adaptive or self.recent is None or not self._drafted:
+            return toks
+        hits = sum(1 for h in self.recent if h)
+        seen = hits + sum(1 for h in self.recent if h is False)
+        if seen < MIN_RECORD:
+            return toks
+        h = hits / seen
+        expected = sum(h ** i for i in range(len(toks) + 1))
+        return toks if expected >= 1 + self._drafted_accepted / self._drafted else []
+
     def update(self, committed: list[int], accepted: int, proposed: int, copied: bool) -> None:
         """After every verify step: index the committed tokens, and adapt the match length a copy needs. A copy
         that committed fewer drafts than the drafter's steps do on average in this text raises it by one; a copy
@@ -84,6 +104,11 @@ class NgramLookup:
             self.need = min(self.need + 1, MAX_NGRAM)
         elif accepted == proposed:
             self.need = max(self.need - 1, self.min_ngram)
+
+
+def draft_lookup(min_ngram: int, tokens: list[int] = ()) -> NgramLookup:
+    """The engine's lookup drafting index (adaptive match length, the copy's record kept for `offer`)."""
+    return NgramLookup(min_ngram, tokens, track=COPY_TRACK)
 
 
 # ---- candidates for drafters with a copy input (DrafterConfig.copy_ngram) ---------------------------------------
