@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from . import Target, speculative_generate
-    from .decoding.engine import check_lookup_mode, check_tree_mode, prompt_token_ids
+    from .decoding.engine import RECORD_TOPK, check_lookup_mode, check_tree_mode, prompt_token_ids
     from .decoding.tree import check_tree_nodes
     from .models import InferenceOptions, load_drafter
     from .target import use_decode_threads
@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     for row, prompt_ids in zip(prompts, ids):
         res = speculative_generate(target, drafter, prompt_ids=prompt_ids, max_new_tokens=args.max_new_tokens,
                                    temperature=args.temperature, top_p=args.top_p, seed=args.seed,
-                                   tree_nodes=args.tree_nodes)
+                                   tree_nodes=args.tree_nodes, topk=RECORD_TOPK if args.steps else 0)
         if args.json:
             d = res.to_dict(steps=args.steps)
             if row["id"] is not None:

@@ -44,11 +44,13 @@ class SpeculativeDecoder(pl.LightningModule):
 
     def predict_step(self, batch: list[dict], batch_idx: int, dataloader_idx: int = 0) -> list[dict]:
         from .decoding import speculative_generate
+        from .decoding.engine import RECORD_TOPK
 
         out = []
         for i, row in enumerate(batch):
             res = speculative_generate(self.target, self.drafter, prompt=row["prompt"],
-                                       seed=self.seed + batch_idx * len(batch) + i, **self.gen)
+                                       seed=self.seed + batch_idx * len(batch) + i,
+                                       topk=RECORD_TOPK if self.steps else 0, **self.gen)
             out.append({"id": row["id"], "rank": self.global_rank} | res.to_dict(steps=self.steps))
         return out
 

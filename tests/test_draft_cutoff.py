@@ -60,3 +60,18 @@ def test_sampling_with_a_cutoff_matches_the_target_distribution():
     assert len(lengths) > 1                 # the cutoff really varies how many drafts are verified
     n = 1000
     assert tv(sample_many(t, d, prompt, n), exact, n) < 0.08
+
+
+def test_step_records_without_top_k_verify_the_same_drafts(embedded):
+    """The cutoff reads the drafter's own top-k, not the records': a decode that stores no top-k (the default)
+    verifies exactly the drafts that one storing them does, and its records stay empty of them."""
+    t, prompts = embedded
+    cut = load_drafter("default", t, options=InferenceOptions(draft_cutoff=0.3))
+    for p in prompts[:3]:
+        lean = speculative_generate(t, cut, prompt=p, max_new_tokens=40)
+        full = speculative_generate(t, cut, prompt=p, max_new_tokens=40, topk=5)
+        assert [s.draft_tokens for s in lean.steps] == [s.draft_tokens for s in full.steps]
+        assert all(len(s.target_topk_ids) == len(s.draft_tokens) + 1 for s in full.steps)
+        assert not any(s.target_topk_ids or s.base_topk_ids for s in lean.steps)
+    with pytest.raises(UserError, match="topk must be >= 0"):
+        speculative_generate(t, cut, prompt=prompts[0], max_new_tokens=4, topk=-1)

@@ -270,7 +270,7 @@ def test_budget_eos_and_records(target):
         res = speculative_generate(target, d, prompt_ids=[5, 9], max_new_tokens=budget, tree_nodes=16)
         assert res.token_ids == speculative_generate(target, None, prompt_ids=[5, 9], max_new_tokens=budget).token_ids
         assert len(res.token_ids) <= budget
-    res = speculative_generate(target, d, prompt_ids=[60, 2, 33], max_new_tokens=30, tree_nodes=16)
+    res = speculative_generate(target, d, prompt_ids=[60, 2, 33], max_new_tokens=30, tree_nodes=16, topk=5)
     for s in res.steps:
         assert s.tree_tokens is not None and len(s.tree_parents) == len(s.tree_tokens) <= 16
         assert [s.tree_tokens[i] for i in s.tree_path] == s.draft_tokens[: s.accepted] == s.committed[: s.accepted]
@@ -278,6 +278,11 @@ def test_budget_eos_and_records(target):
         assert len(s.target_topk_ids) == s.accepted + 1 and len(s.draft_tokens) in (s.accepted, s.accepted + 1)
         assert len(s.base_topk_ids) == len(s.final_topk_ids) == len(s.draft_tokens)
     json.dumps(res.to_dict(steps=True))
+    # records keep top-k only when asked; the decode itself is the same either way
+    lean = speculative_generate(target, d, prompt_ids=[60, 2, 33], max_new_tokens=30, tree_nodes=16)
+    assert lean.token_ids == res.token_ids
+    assert [(s.tree_tokens, s.tree_path) for s in lean.steps] == [(s.tree_tokens, s.tree_path) for s in res.steps]
+    assert not any(s.target_topk_ids or s.base_topk_ids or s.final_topk_ids for s in lean.steps)
     chain = speculative_generate(target, d, prompt_ids=[60, 2, 33], max_new_tokens=8)
     assert all(s.tree_tokens is None and s.tree_path is None for s in chain.steps)   # chain records unchanged
 

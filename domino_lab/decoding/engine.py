@@ -41,6 +41,12 @@ def prompt_token_ids(target, prompt: str | None = None, prompt_ids=None, what: s
     return ids
 
 
+# The drafter's own top-k when the records keep none: the draft-length cutoff estimates each draft's probability
+# from its final top-k logits (sampling.confident_prefix), so that estimate must not depend on what is recorded.
+DRAFT_TOPK = 5
+RECORD_TOPK = 5     # what the CLIs keep per position when they print step records (`--steps`)
+
+
 def _topk(logits: torch.Tensor, k: int) -> tuple[list[list[int]], list[list[float]]]:
     t = logits.float().topk(min(k, logits.shape[-1]), dim=-1)
     return t.indices.tolist(), t.values.tolist()
@@ -49,19 +55,26 @@ def _topk(logits: torch.Tensor, k: int) -> tuple[list[list[int]], list[list[floa
 @torch.no_grad()
 def speculative_generate(target, drafter=None, prompt: str | None = None, prompt_ids=None, max_new_tokens: int = 128,
                          temperature: float = 0.0, top_p: float = 1.0, block_size: int | None = None,
-                         seed: int | None = None, topk: int = 5,
+                         seed: int | None = None, topk: int = 0,
                          on_step: Callable[[StepRecord], None] | None = None, tree_nodes: int = 0) -> GenerationResult:
     """Generate up to `max_new_tokens` tokens; greedy output equals the target's own greedy output.
 
     `on_step(record)` is called after every verify step, once its tokens are committed (the dashboard streams
     from it; an exception it raises stops the decode). `tree_nodes` N > 0 verifies a draft tree of N nodes per
-    step instead of the chain (block drafters, greedy only; docs/design.md#tree-verification)."""
+    step instead of the chain (block drafters, greedy only; docs/design.md#tree-verification).
+
+    `topk` k > 0 stores in every step record the top-k of the target's logits at each verified position and of the
+    drafter's base and corrected logits at each draft (the dashboard's inspector, `generate --steps`); 0 (the
+    default) stores none: a top-k over the target's vocabulary and its conversion to lists every step, for records
+    that only a viewer reads."""
     if max_new_tokens < 1:
         raise UserError("max_new_tokens must be >= 1")
     if temperature < 0 or not 0 < top_p <= 1:
         raise UserError("temperature must be >= 0 and top_p in (0, 1]")
     if seed is not None:
         check_seed(seed)
+    if topk < 0:
+        raise UserError(f"topk must be >= 0 (0 = no top-k in the step records), got {topk}")
     tree_nodes = trees.check_tree_nodes(tree_nodes)
     if tree_nodes:
         check_tree_mode(drafter, temperature)
@@ -132,8 +145,8 @@ def speculative_generate(target, drafter=None, prompt: str | None = None, prompt
                 ctx_ids = torch.tensor([seq[pending_start:start]], device=dev) if pending is not None else None
                 draft = drafter.draft(pending[None] if pending is not None else None, pending_start,
                                       torch.tensor([anchor], device=dev), start, draft_cache, n=n,
-                                      temperature=temperature, top_p=top_p, generator=gen, topk=topk, ctx_ids=ctx_ids,
-                                      copy=cands)
+                                      temperature=temperature, top_p=top_p, generator=gen, topk=topk or DRAFT_TOPK,
+                                      ctx_ids=ctx_ids, copy=cands)
                 pending = None
                 drafts = draft.tokens[0]
                 if drafter.options.draft_cutoff > 0:      # verify only the drafts likely to be accepted
@@ -162,8 +175,9 @@ def speculative_generate(target, drafter=None, prompt: str | None = None, prompt
             new_feats = out.features[0, : acc + 1] if taps is not None else None
             rec = StepRecord(start=start, anchor=anchor, draft_tokens=drafts.tolist(), accepted=acc, bonus=bonus,
                              committed=committed, draft_time_s=t1 - t0, verify_time_s=t2 - t1, copied=bool(copy))
-            rec.target_topk_ids, rec.target_topk_logits = _topk(logits, topk)
-            if draft is not None:
+            if topk:
+                rec.target_topk_ids, rec.target_topk_logits = _topk(logits, topk)
+            if draft is not None and topk:
                 rec.base_topk_ids = draft.base_topk[0][0].tolist()
                 rec.base_topk_logits = draft.base_topk[1][0].float().tolist()
                 rec.final_topk_ids = draft.final_topk[0][0].tolist()
@@ -231,10 +245,11 @@ def _tree_step(target, drafter, cache, draft_cache, pending, pending_start, anch
     tree = trees.Tree()
     if n > 0:
         expander = drafter.tree_expander(pending[None] if pending is not None else None, pending_start,
-                                         torch.tensor([anchor], device=dev), start, draft_cache, n=n, topk=topk,
-                                         copy=copy)
+                                         torch.tensor([anchor], device=dev), start, draft_cache, n=n,
+                                         topk=topk or DRAFT_TOPK, copy=copy)
         p_min = drafter.options.tree_min_prob
-        tree = trees.build_tree(expander, tree_nodes, n, topk, math.log(p_min) if p_min > 0 else -math.inf)
+        floor = math.log(p_min) if p_min > 0 else -math.inf
+        tree = trees.build_tree(expander, tree_nodes, n, topk or DRAFT_TOPK, floor)
     t1 = time.perf_counter()
     verify_ids = torch.tensor([[anchor] + tree.tokens], device=dev)
     out = target.forward(verify_ids, cache=cache, taps=taps,
@@ -260,9 +275,10 @@ def _tree_step(target, drafter, cache, draft_cache, pending, pending_start, anch
                      bonus=bonus, committed=committed, draft_time_s=t1 - t0, verify_time_s=t2 - t1,
                      tree_tokens=list(tree.tokens), tree_parents=list(tree.parents), tree_path=path[:acc])
     # the target's top-k at every row the walk read: the anchor and each accepted node (the reported drafts' rows)
-    walked = [rows_logits[r] for r in rows[: len(shown) + 1]]
-    rec.target_topk_ids, rec.target_topk_logits = _topk(torch.stack(walked), topk)
-    if expander is not None and shown:
+    if topk:
+        walked = [rows_logits[r] for r in rows[: len(shown) + 1]]
+        rec.target_topk_ids, rec.target_topk_logits = _topk(torch.stack(walked), topk)
+    if expander is not None and shown and topk:
         rec.base_topk_ids = expander.base_top[0][: len(shown)].tolist()
         rec.base_topk_logits = expander.base_top[1][: len(shown)].float().tolist()
         # final: the drafter's children of each reported node's parent (for DFlash these are the base top-k)
