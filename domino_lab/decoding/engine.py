@@ -75,6 +75,7 @@ def speculative_generate(target, drafter=None, prompt: str | None = None, prompt
         check_seed(seed)
     if topk < 0:
         raise UserError(f"topk must be >= 0 (0 = no top-k in the step records), got {topk}")
+    draft_k = topk or DRAFT_TOPK
     tree_nodes = trees.check_tree_nodes(tree_nodes)
     if tree_nodes:
         check_tree_mode(drafter, temperature)
@@ -133,7 +134,7 @@ def speculative_generate(target, drafter=None, prompt: str | None = None, prompt
         cands = copy_inputs([copier], n_drafts, dev) if use_copier else None
         if tree_nodes and not copy:
             rec, new_feats = _tree_step(target, drafter, cache, draft_cache, pending, pending_start, anchor, start,
-                                        n, tree_nodes, taps, eos, max_new_tokens - len(tokens), topk, cands)
+                                        n, tree_nodes, taps, eos, max_new_tokens - len(tokens), topk, draft_k, cands)
             if n > 0:
                 pending = None                     # the drafter has taken it into its cache
         else:
@@ -145,7 +146,7 @@ def speculative_generate(target, drafter=None, prompt: str | None = None, prompt
                 ctx_ids = torch.tensor([seq[pending_start:start]], device=dev) if pending is not None else None
                 draft = drafter.draft(pending[None] if pending is not None else None, pending_start,
                                       torch.tensor([anchor], device=dev), start, draft_cache, n=n,
-                                      temperature=temperature, top_p=top_p, generator=gen, topk=topk or DRAFT_TOPK,
+                                      temperature=temperature, top_p=top_p, generator=gen, topk=draft_k,
                                       ctx_ids=ctx_ids, copy=cands)
                 pending = None
                 drafts = draft.tokens[0]
@@ -177,11 +178,11 @@ def speculative_generate(target, drafter=None, prompt: str | None = None, prompt
                              committed=committed, draft_time_s=t1 - t0, verify_time_s=t2 - t1, copied=bool(copy))
             if topk:
                 rec.target_topk_ids, rec.target_topk_logits = _topk(logits, topk)
-            if draft is not None and topk:
-                rec.base_topk_ids = draft.base_topk[0][0].tolist()
-                rec.base_topk_logits = draft.base_topk[1][0].float().tolist()
-                rec.final_topk_ids = draft.final_topk[0][0].tolist()
-                rec.final_topk_logits = draft.final_topk[1][0].float().tolist()
+                if draft is not None:
+                    rec.base_topk_ids = draft.base_topk[0][0].tolist()
+                    rec.base_topk_logits = draft.base_topk[1][0].float().tolist()
+                    rec.final_topk_ids = draft.final_topk[0][0].tolist()
+                    rec.final_topk_logits = draft.final_topk[1][0].float().tolist()
         # chain or tree alike: the anchor's and the accepted drafts' features are the drafter's next new context
         calls += 1
         if taps is not None:
@@ -234,7 +235,7 @@ def check_lookup_mode(drafter, lookup: int) -> None:
 
 
 def _tree_step(target, drafter, cache, draft_cache, pending, pending_start, anchor, start, n, tree_nodes, taps, eos,
-               room, topk, copy=None):
+               room, topk, draft_k, copy=None):
     """One tree round at `anchor` (position `start`): draft a tree of up to `tree_nodes` nodes and depth
     n, verify it in one target forward, accept the longest path the target agrees with plus its bonus, and keep
     only that path in the target's cache. Returns the step record and the tapped features of the anchor and the
@@ -246,10 +247,10 @@ def _tree_step(target, drafter, cache, draft_cache, pending, pending_start, anch
     if n > 0:
         expander = drafter.tree_expander(pending[None] if pending is not None else None, pending_start,
                                          torch.tensor([anchor], device=dev), start, draft_cache, n=n,
-                                         topk=topk or DRAFT_TOPK, copy=copy)
+                                         topk=draft_k, copy=copy)
         p_min = drafter.options.tree_min_prob
         floor = math.log(p_min) if p_min > 0 else -math.inf
-        tree = trees.build_tree(expander, tree_nodes, n, topk or DRAFT_TOPK, floor)
+        tree = trees.build_tree(expander, tree_nodes, n, draft_k, floor)
     t1 = time.perf_counter()
     verify_ids = torch.tensor([[anchor] + tree.tokens], device=dev)
     out = target.forward(verify_ids, cache=cache, taps=taps,
@@ -274,11 +275,12 @@ def _tree_step(target, drafter, cache, draft_cache, pending, pending_start, anch
     rec = StepRecord(start=start, anchor=anchor, draft_tokens=[tree.tokens[i] for i in shown], accepted=acc,
                      bonus=bonus, committed=committed, draft_time_s=t1 - t0, verify_time_s=t2 - t1,
                      tree_tokens=list(tree.tokens), tree_parents=list(tree.parents), tree_path=path[:acc])
+    if not topk:
+        return rec, new_feats
     # the target's top-k at every row the walk read: the anchor and each accepted node (the reported drafts' rows)
-    if topk:
-        walked = [rows_logits[r] for r in rows[: len(shown) + 1]]
-        rec.target_topk_ids, rec.target_topk_logits = _topk(torch.stack(walked), topk)
-    if expander is not None and shown and topk:
+    walked = [rows_logits[r] for r in rows[: len(shown) + 1]]
+    rec.target_topk_ids, rec.target_topk_logits = _topk(torch.stack(walked), topk)
+    if expander is not None and shown:
         rec.base_topk_ids = expander.base_top[0][: len(shown)].tolist()
         rec.base_topk_logits = expander.base_top[1][: len(shown)].float().tolist()
         # final: the drafter's children of each reported node's parent (for DFlash these are the base top-k)

@@ -67,6 +67,12 @@ class NgramLookup:
             return out, n
         return [], 0
 
+    def record(self) -> tuple[int, int]:
+        """(hits, misses) over the tracked tokens: how many a copy would have drafted right as its first token, and
+        how many wrong (tokens with no match count in neither)."""
+        hits = sum(1 for h in self.recent if h)
+        return hits, sum(1 for h in self.recent if h is False)
+
     def offer(self, k: int) -> list[int]:
         """What the engine verifies instead of the drafter's block: `propose(k)`'s copy, or [] when this text's
         record says copying does not pay. Of the recent tokens at which a copy (at the current match length) had a
@@ -77,11 +83,10 @@ class NgramLookup:
         toks, _ = self.propose(k)
         if not toks or not self.adaptive or self.recent is None or not self._drafted:
             return toks
-        hits = sum(1 for h in self.recent if h)
-        seen = hits + sum(1 for h in self.recent if h is False)
-        if seen < MIN_RECORD:
+        hits, misses = self.record()
+        if hits + misses < MIN_RECORD:
             return toks
-        h = hits / seen
+        h = hits / (hits + misses)
         expected = sum(h ** i for i in range(len(toks) + 1))
         return toks if expected >= 1 + self._drafted_accepted / self._drafted else []
 
@@ -125,8 +130,7 @@ def copy_index(min_ngram: int, tokens: list[int] = ()) -> NgramLookup:
 
 def _inputs(ix: NgramLookup, n: int) -> tuple[list[int], int, list[float]]:
     toks, m = ix.propose(n)
-    hits = sum(1 for h in ix.recent if h)
-    misses = sum(1 for h in ix.recent if h is False)
+    hits, misses = ix.record()
     return toks + [-1] * (n - len(toks)), m, [hits / COPY_TRACK, misses / COPY_TRACK]
 
 
