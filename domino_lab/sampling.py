@@ -39,6 +39,15 @@ def greedy_accept(drafts: torch.Tensor, target_logits: torch.Tensor) -> tuple[to
     return acc, best.gather(1, acc[:, None]).squeeze(1)
 
 
+def greedy_accept_one(drafts: list[int], target_logits: torch.Tensor) -> tuple[int, int]:
+    """greedy_accept for one sequence, on the host: drafts [n] as a list, target_logits [n+1, V] -> (accepted
+    count, the target's own next token). One argmax and one transfer instead of a handful of small tensor ops,
+    which on a small target are a visible share of a decoding step."""
+    best = target_logits.argmax(-1).tolist()
+    acc = next((i for i, (d, b) in enumerate(zip(drafts, best)) if d != b), len(drafts))
+    return acc, best[acc]
+
+
 def confident_prefix(top_logits: torch.Tensor, cutoff: float) -> int:
     """How many drafts to verify: the longest prefix whose estimated probability of being accepted whole, the
     product of each draft's probability, stays >= cutoff (at least one draft). top_logits [n, k]: the drafter's

@@ -91,22 +91,39 @@ def measure(args) -> dict:
     block = 1 + (drafters["domino"].config.num_drafts if "domino" in drafters else 8)
     rows = {k: [] for k in ["bare_step", "bare_step_mean", "engine_step", "bare_verify", "engine_verify",
                             *[f"draft_{d}" for d in drafters]]}
+    rows["engine_step_paired"], rows["engine_verify_paired"] = [], []
     for i, prompt in enumerate([prompts[0]] + prompts):          # the first prompt again, as a warm-up
         ids = target.encode(prompt)
-        r = dict(zip(["bare_step", "bare_step_mean"], bare_decode_ms(target, ids, args.max_new_tokens)))
-        res = speculative_generate(target, None, prompt_ids=ids, max_new_tokens=args.max_new_tokens + 1)
-        r["engine_step"] = 1000 * (res.wall_time_s - res.prefill_time_s) / max(1, len(res.steps))
-        r["bare_verify"] = bare_verify_ms(target, ids, taps, block, args.max_new_tokens)
-        for name, d in drafters.items():
-            res = speculative_generate(target, d, prompt_ids=ids, max_new_tokens=args.max_new_tokens)
-            steps = [s for s in res.steps if s.draft_tokens]
-            r[f"draft_{name}"] = 1000 * statistics.median(s.draft_time_s for s in steps)
-            if name == "domino":
-                r["engine_verify"] = 1000 * statistics.median(
-                    s.verify_time_s for s in steps if len(s.draft_tokens) == block - 1)
+        reps = []
+        # each measurement `repeats` times, the order reversed every other time, so that a slow spell of the
+        # machine falls on the bare loop and the engine alike; the per-prompt medians are then paired
+        for rep in range(args.repeats):
+            r = {}
+
+            def bare():
+                r.update(zip(["bare_step", "bare_step_mean"], bare_decode_ms(target, ids, args.max_new_tokens)))
+                r["bare_verify"] = bare_verify_ms(target, ids, taps, block, args.max_new_tokens)
+
+            def engine():
+                res = speculative_generate(target, None, prompt_ids=ids, max_new_tokens=args.max_new_tokens + 1)
+                r["engine_step"] = 1000 * (res.wall_time_s - res.prefill_time_s) / max(1, len(res.steps))
+                for name, d in drafters.items():
+                    res = speculative_generate(target, d, prompt_ids=ids, max_new_tokens=args.max_new_tokens)
+                    steps = [s for s in res.steps if s.draft_tokens]
+                    r[f"draft_{name}"] = 1000 * statistics.median(s.draft_time_s for s in steps)
+                    if name == "domino":
+                        r["engine_verify"] = 1000 * statistics.median(
+                            s.verify_time_s for s in steps if len(s.draft_tokens) == block - 1)
+            for f in ((bare, engine) if rep % 2 == 0 else (engine, bare)):
+                f()
+            reps.append(r)
         if i:
+            r = {k: statistics.median(x[k] for x in reps) for k in reps[0]}
             for k, v in r.items():
                 rows[k].append(v)
+            rows["engine_step_paired"].append(r["engine_step"] / r["bare_step_mean"])
+            if "engine_verify" in r:
+                rows["engine_verify_paired"].append(r["engine_verify"] / r["bare_verify"])
     med = {k: statistics.median(v) for k, v in rows.items() if v}
     return {"median_ms": med, "per_prompt_ms": rows, "prompts": len(prompts)}
 
@@ -136,7 +153,8 @@ def run_child(args, policy: str) -> dict:
     if policy != "default":
         env["OMP_WAIT_POLICY"] = policy
     cmd = [sys.executable, __file__, "--child", "--threads", str(args.threads), "--limit", str(args.limit),
-           "--max-new-tokens", str(args.max_new_tokens), "--sets", *args.sets, "--drafters", *args.drafters,
+           "--max-new-tokens", str(args.max_new_tokens), "--repeats", str(args.repeats), "--sets", *args.sets,
+           "--drafters", *args.drafters,
            *(["--quick"] if args.quick else [])]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if out.returncode != 0:
@@ -149,23 +167,27 @@ def report(res: dict, args, prof: str) -> str:
              f"`python experiments/engine_overhead.py {' '.join(res['argv'])}`", "",
              f"Machine: {res['machine']}, {args.threads} torch threads, torch {torch.__version__}, {res['date']}. "
              f"{res['prompts']} prompts ({', '.join(args.sets)}, first {args.limit} each), {args.max_new_tokens} "
-             "new tokens, median over prompts of each prompt's median; measurements interleaved prompt by prompt "
-             "in one process per policy.", "",
+             f"new tokens; per prompt, the bare and engine measurements {args.repeats} times each, alternating which "
+             "goes first, and each prompt's median; the table gives the median over prompts, in one process per "
+             "policy and round.", "",
              "The engine's plain step is a mean ((wall − prefill) / steps); it is compared with the mean of the bare "
-             "loop's steps (× bare), and the bare loop's median is shown beside it (× median: the ratio before "
-             "2026-12-02).", "",
-             "| OMP_WAIT_POLICY | bare 1-token forward, median / mean | engine plain step | × bare | × median | "
-             "bare 9-token verify forward | "
-             "engine verify | × bare | " + " | ".join(f"draft {d} (× plain step)" for d in args.drafters) + " |",
-             "|---|---|---|---|---|---|---|---|" + "---|" * len(args.drafters)]
+             "loop's steps (× bare: the ratio of the medians over prompts; paired: the median over prompts of each "
+             "prompt's ratio, which a slow spell of the machine between prompts does not move), and the bare loop's "
+             "median is shown beside it (× median).", "",
+             "| OMP_WAIT_POLICY | bare 1-token forward, median / mean | engine plain step | × bare | paired | "
+             "× median | bare 9-token verify forward | engine verify | × bare | paired | "
+             + " | ".join(f"draft {d} (× plain step)" for d in args.drafters) + " |",
+             "|---|---|---|---|---|---|---|---|---|---|" + "---|" * len(args.drafters)]
     for pol, r in res["policies"].items():
         m = r["median_ms"]
         ev = m.get("engine_verify")
         mean = m["bare_step_mean"]
+        pv = m.get("engine_verify_paired")
         lines.append(
             f"| {pol} | {m['bare_step']:.2f} / {mean:.2f} ms | {m['engine_step']:.2f} ms | "
-            f"{m['engine_step'] / mean:.2f}× | {m['engine_step'] / m['bare_step']:.2f}× | "
-            f"{m['bare_verify']:.2f} ms | " + (f"{ev:.2f} ms | {ev / m['bare_verify']:.2f}× | " if ev else "– | – | ")
+            f"{m['engine_step'] / mean:.2f}× | {m['engine_step_paired']:.2f}× | "
+            f"{m['engine_step'] / m['bare_step']:.2f}× | {m['bare_verify']:.2f} ms | "
+            + (f"{ev:.2f} ms | {ev / m['bare_verify']:.2f}× | {pv:.2f}× | " if ev else "– | – | – | ")
             + " | ".join(f"{m[f'draft_{d}']:.2f} ms ({m[f'draft_{d}'] / m['engine_step']:.2f}×)" for d in args.drafters)
             + " |")
     lines += ["", "## Where a Domino decode spends its time (torch.profiler, self CPU time)", "", "```", prof, "```"]
@@ -181,14 +203,16 @@ def main(argv=None) -> int:
     p.add_argument("--drafters", nargs="+", default=["dflash", "domino"], choices=list(DRAFTERS))
     p.add_argument("--omp-policies", nargs="+", default=["default"], choices=["default", "PASSIVE", "ACTIVE"])
     p.add_argument("--rounds", type=int, default=1, help="alternating rounds over the policies")
+    p.add_argument("--repeats", type=int, default=3,
+                   help="bare and engine measurements per prompt, alternating which goes first (paired ratios)")
     p.add_argument("--quick", action="store_true")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--out", default=None, help="folder for engine_overhead.{md,json} (default experiments/results)")
     args = p.parse_args(argv)
     if args.quick:
-        args.limit, args.max_new_tokens, args.sets = 1, 12, args.sets[:1]
-    if args.limit < 1 or args.max_new_tokens < 2 or args.threads < 1 or args.rounds < 1:
-        raise UserError("--limit, --threads and --rounds must be >= 1 and --max-new-tokens >= 2")
+        args.limit, args.max_new_tokens, args.sets, args.repeats = 1, 12, args.sets[:1], 2
+    if args.limit < 1 or args.max_new_tokens < 2 or args.threads < 1 or args.rounds < 1 or args.repeats < 1:
+        raise UserError("--limit, --threads, --rounds and --repeats must be >= 1 and --max-new-tokens >= 2")
     if args.child:
         print(json.dumps(measure(args)))
         return 0

@@ -154,3 +154,24 @@ def test_seed_summary_joins_runs_of_one_seed_and_pairs_on_common_sets(tmp_path):
     assert list(res) == ["math"] and res["math"]["n"] == 6 and res["math"]["pooled_diff"] == pytest.approx(1.0)
     with pytest.raises(UserError, match="no eval set has drafters"):
         seed_summary.main(["--runs", *files, "--pair", "new", "nope", "--out", str(out)])
+
+
+def test_engine_overhead_pairs_bare_and_engine_per_prompt():
+    """The overhead script's measurement in-process (no child processes, no profiler): every prompt is measured
+    `repeats` times both ways and the paired ratios are what the report's 'paired' columns show."""
+    import argparse
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "experiments" / "engine_overhead.py"
+    spec = importlib.util.spec_from_file_location("engine_overhead", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    args = argparse.Namespace(quick=True, threads=1, drafters=["domino"], sets=["math"], limit=1, max_new_tokens=12,
+                              repeats=2, omp_policies=["default"])
+    res = mod.measure(args)
+    rows = res["per_prompt_ms"]
+    assert res["prompts"] == 1 and len(rows["engine_step_paired"]) == len(rows["engine_verify_paired"]) == 1
+    for i, ratio in enumerate(rows["engine_step_paired"]):
+        assert ratio == pytest.approx(rows["engine_step"][i] / rows["bare_step_mean"][i])
+    md = mod.report({"argv": [], "machine": "x", "date": "d", "prompts": 1, "policies": {"default": res}}, args, "")
+    assert "| paired |" in md and f"{res['median_ms']['engine_step_paired']:.2f}×" in md

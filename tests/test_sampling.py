@@ -81,3 +81,19 @@ def test_wrong_acceptance_rule_is_caught(setup, monkeypatch):
     monkeypatch.setattr(engine.sampling, "rejection_accept", accept_everything)
     counts = sample_many(target, drafter, prompt, N // 2)
     assert tv(counts, exact, N // 2) > 0.3
+
+
+@pytest.mark.parametrize("n", [0, 1, 4, 8])
+def test_greedy_acceptance_stops_at_the_first_draft_the_target_disagrees_with(n):
+    g = torch.Generator().manual_seed(n)
+    for trial in range(20):
+        logits = torch.randn(n + 1, 50, generator=g)
+        best = logits.argmax(-1)
+        drafts = best[:n].clone()
+        if n and trial % 4:                       # a wrong draft somewhere (all right on every fourth trial)
+            j = int(torch.randint(n, (1,), generator=g))
+            drafts[j] = (drafts[j] + 1) % 50
+        want = next((i for i in range(n) if drafts[i] != best[i]), n)
+        assert sampling.greedy_accept_one(drafts.tolist(), logits) == (want, int(best[want]))
+        acc, nxt = sampling.greedy_accept(drafts[None], logits[None])          # the batched rule agrees
+        assert (int(acc), int(nxt)) == (want, int(best[want]))

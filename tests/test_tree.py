@@ -149,6 +149,15 @@ def test_greedy_path_follows_the_target_and_returns_its_bonus():
     assert trees.reported_path(TREE, []) == [0]
 
 
+def test_likely_rows_follow_each_nodes_best_child():
+    # the rows whose LM head the verify computes in one call: the anchor's line of best children, then the line
+    # below a node where the walk leaves it
+    assert trees.likely_rows(TREE) == [0, 1, 3, 5]                # anchor, a, c, e
+    assert trees.likely_rows(TREE, 1) == [2, 4]                   # b, then d (b's first child in score order)
+    assert trees.likely_rows(TREE, 4) == [5]                      # a leaf: its own row only
+    assert trees.likely_rows(trees.Tree()) == [0]
+
+
 # ---------------------------------------------------------------------------------------------- the Domino branches
 @pytest.mark.parametrize("impl", ["fast", "fused"])
 def test_domino_branch_along_the_chain_has_the_chains_logits(target, impl):

@@ -155,11 +155,11 @@ def speculative_generate(target, drafter=None, prompt: str | None = None, prompt
             else:
                 drafts = torch.empty(0, dtype=torch.long, device=dev)
             t1 = time.perf_counter()
-            verify_ids = torch.cat([torch.tensor([anchor], device=dev), drafts])[None]
-            out = target.forward(verify_ids, cache=cache, taps=taps)
+            draft_list = drafts.tolist()
+            out = target.forward(torch.tensor([[anchor] + draft_list], device=dev), cache=cache, taps=taps)
             logits = out.logits[0]
             if greedy:
-                acc, nxt = (int(x) for x in sampling.greedy_accept(drafts[None], logits[None]))
+                acc, nxt = sampling.greedy_accept_one(draft_list, logits)
             else:
                 p = sampling.warp_probs(logits, temperature, top_p)
                 # copied (or no) drafts: q None, the point mass on each token
@@ -170,11 +170,11 @@ def speculative_generate(target, drafter=None, prompt: str | None = None, prompt
                 policy.update(len(drafts), acc + 1, t1 - t0, t2 - t1, drafted=draft is not None,
                               steady=taken <= n_drafts + 1)
 
-            committed, acc, bonus = sampling.commit(drafts[:acc].tolist(), nxt, eos, max_new_tokens - len(tokens))
+            committed, acc, bonus = sampling.commit(draft_list[:acc], nxt, eos, max_new_tokens - len(tokens))
             # Target cache: it now holds start + n + 1 positions; keep the anchor and the accepted drafts.
             cache.crop(-(len(drafts) - acc))
             new_feats = out.features[0, : acc + 1] if taps is not None else None
-            rec = StepRecord(start=start, anchor=anchor, draft_tokens=drafts.tolist(), accepted=acc, bonus=bonus,
+            rec = StepRecord(start=start, anchor=anchor, draft_tokens=draft_list, accepted=acc, bonus=bonus,
                              committed=committed, draft_time_s=t1 - t0, verify_time_s=t2 - t1, copied=bool(copy))
             if topk:
                 rec.target_topk_ids, rec.target_topk_logits = _topk(logits, topk)
@@ -253,16 +253,27 @@ def _tree_step(target, drafter, cache, draft_cache, pending, pending_start, anch
         tree = trees.build_tree(expander, tree_nodes, n, draft_k, floor)
     t1 = time.perf_counter()
     verify_ids = torch.tensor([[anchor] + tree.tokens], device=dev)
+    # the LM head runs on the rows the walk is likely to visit (the anchor and its line of best children), in one
+    # call, and again for the line below a node where the walk leaves that line: rarely all N + 1 rows
+    likely = trees.likely_rows(tree)
     out = target.forward(verify_ids, cache=cache, taps=taps,
                          attention_mask=trees.attention_mask(tree, start, target.dtype, dev),
-                         position_ids=trees.positions(tree, start, dev), logits_rows=[0])
-    rows_logits = {0: out.logits[0, 0]}
+                         position_ids=trees.positions(tree, start, dev), logits_rows=likely)
     hidden = out.hidden[0]
+    rows_logits: dict[int, torch.Tensor] = {}
+    rows_next: dict[int, int] = {}
 
-    def next_token(row: int) -> int:       # the LM head only for the rows the walk visits
-        if row not in rows_logits:
-            rows_logits[row] = target.logits_at(hidden[row])
-        return int(rows_logits[row].argmax())
+    def score(rows: list[int], logits: torch.Tensor) -> None:
+        rows_logits.update(zip(rows, logits))
+        rows_next.update(zip(rows, logits.argmax(-1).tolist()))
+
+    score(likely, out.logits[0])
+
+    def next_token(row: int) -> int:
+        if row not in rows_next:
+            below = trees.likely_rows(tree, row - 1)
+            score(below, target.logits_at(hidden[below]))
+        return rows_next[row]
 
     path, nxt = trees.greedy_path(tree, next_token)
     t2 = time.perf_counter()

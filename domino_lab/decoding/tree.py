@@ -158,6 +158,20 @@ def greedy_path(tree: Tree, next_token) -> tuple[list[int], int]:
     return path, tok
 
 
+def likely_rows(tree: Tree, node: int = -1) -> list[int]:
+    """The verify rows of `node` (-1 = the anchor) and of its line of best children: the path the walk takes if the
+    target agrees with the drafter's first choice at every depth. Nodes come in score order within a depth, so a
+    node's best child is the first node naming it as parent. The engine runs the LM head on these rows in one call:
+    on a small target one row costs most of what nine do (the head's weights are read once either way)."""
+    first: dict[int, int] = {}
+    for i, p in enumerate(tree.parents):
+        first.setdefault(p, i)
+    rows = [node + 1]
+    while (node := first.get(node)) is not None:
+        rows.append(node + 1)
+    return rows
+
+
 def reported_path(tree: Tree, path: list[int]) -> list[int]:
     """The nodes a step record lists as its drafts: the accepted ones, then the tree's best child of the last of them
     (the first rejected guess), if it has one. Later nodes were conditioned on a rejected token, as the tail of a
