@@ -56,6 +56,14 @@ class Tree:
     def __len__(self) -> int:
         return len(self.tokens)
 
+    def best_children(self) -> dict[int, int]:
+        """{node: its best child} (-1 = the anchor), for nodes with children: nodes come in score order within a
+        depth, so a node's best child is the first node naming it as parent."""
+        first: dict[int, int] = {}
+        for i, p in enumerate(self.parents):
+            first.setdefault(p, i)
+        return first
+
     def kids(self) -> list[dict[int, int]]:
         """Per verify row (0 = anchor, i + 1 = node i): {token: node index} of its children."""
         out: list[dict[int, int]] = [{} for _ in range(len(self) + 1)]
@@ -160,12 +168,9 @@ def greedy_path(tree: Tree, next_token) -> tuple[list[int], int]:
 
 def likely_rows(tree: Tree, node: int = -1) -> list[int]:
     """The verify rows of `node` (-1 = the anchor) and of its line of best children: the path the walk takes if the
-    target agrees with the drafter's first choice at every depth. Nodes come in score order within a depth, so a
-    node's best child is the first node naming it as parent. The engine runs the LM head on these rows in one call:
-    on a small target one row costs most of what nine do (the head's weights are read once either way)."""
-    first: dict[int, int] = {}
-    for i, p in enumerate(tree.parents):
-        first.setdefault(p, i)
+    target agrees with the drafter's first choice at every depth. The engine runs the LM head on these rows in one
+    call: on a small target one row costs most of what nine do (the head's weights are read once either way)."""
+    first = tree.best_children()
     rows = [node + 1]
     while (node := first.get(node)) is not None:
         rows.append(node + 1)
@@ -176,8 +181,7 @@ def reported_path(tree: Tree, path: list[int]) -> list[int]:
     """The nodes a step record lists as its drafts: the accepted ones, then the tree's best child of the last of them
     (the first rejected guess), if it has one. Later nodes were conditioned on a rejected token, as the tail of a
     rejected chain is; listing the first rejection keeps per-position acceptance meaning "reached and accepted"."""
-    last = path[-1] if path else -1
-    best = next((i for i, p in enumerate(tree.parents) if p == last), None)   # nodes are in score order
+    best = tree.best_children().get(path[-1] if path else -1)
     return list(path) + ([best] if best is not None else [])
 
 
