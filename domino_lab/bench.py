@@ -450,7 +450,10 @@ def main(argv: list[str] | None = None) -> int:
             "options": {m: asdict(o) for m, (_, o) in specs.items()},
             "domino_head": asdict(drafters["domino"].options) if "domino" in drafters else None,
             "max_new_tokens": args.max_new_tokens, "wall_s": round(time.time() - started, 1),
-            "tree_nodes": args.tree_nodes if set(TREE_METHODS) & set(methods) else None}
+            "tree_nodes": args.tree_nodes if set(TREE_METHODS) & set(methods) else None,
+            # our decoders read greedy tokens through the half-precision head screen where the head allows it
+            # (exact; docs/design.md#greedy-head-screen); the hf methods always read the full head
+            "lm_head": "screen" if target.screen is not None else "full"}
     from .config import default_runs_dir
 
     out = Path(args.out) if args.out else default_runs_dir() / "bench"
@@ -477,7 +480,8 @@ def main(argv: list[str] | None = None) -> int:
                 if r["lossless"] != len(sets[s]):
                     notes.append(f"**{s}/batch {size}/{m}: output differs from `ar` on "
                                  f"{len(sets[s]) - r['lossless']} prompt(s).**")
-    text = (f"`{meta['command']}`\n\n{meta['machine']}; {meta['date']}; {meta['wall_s']} s\n\n{md}\n\n"
+    text = (f"`{meta['command']}`\n\n{meta['machine']}; {meta['date']}; {meta['wall_s']} s; greedy LM head: "
+            f"{meta['lm_head']}\n\n{md}\n\n"
             + ("\n".join(notes) + "\n\n" if notes else "Every method's output equals `ar`'s on every prompt.\n\n")
             + (f"Batched decoding (ragged acceptance; same prompts in consecutive batches):\n\n"
                f"{batched_table(batched, {s: len(p) for s, p in sets.items()})}\n\n" if batched else "")

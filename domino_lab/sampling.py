@@ -29,19 +29,20 @@ def sample_from(logits: torch.Tensor, temperature: float, top_p: float = 1.0,
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1), probs
 
 
-def greedy_accept_one(drafts: list[int], target_logits: torch.Tensor) -> tuple[int, int]:
-    """drafts [n] as a list, target_logits [n+1, V] -> (accepted count, the target's own next token).
+def greedy_accept_one(drafts: list[int], target_best: torch.Tensor) -> tuple[int, int]:
+    """drafts [n] as a list, target_best [n+1] (the target's argmax token at each verified position: the engine
+    reads them from Target.greedy_tokens) -> (accepted count, the target's own next token).
 
     A draft is accepted while it equals the target's argmax at its position; the target's argmax after the last
-    accepted draft is the bonus token. Decided on the host: one argmax and one transfer, then a scan of at most n
-    pairs, instead of a handful of small tensor ops, which on a small target are a visible share of a step."""
-    return _first_disagreement(drafts, target_logits.argmax(-1).tolist())
+    accepted draft is the bonus token. Decided on the host: one transfer, then a scan of at most n pairs, instead
+    of a handful of small tensor ops, which on a small target are a visible share of a step."""
+    return _first_disagreement(drafts, target_best.tolist())
 
 
-def greedy_accept(drafts: torch.Tensor, target_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The same rule for a batch: drafts [b, n], target_logits [b, n+1, V] -> (accepted count [b], the target's own
-    next token [b]), with one argmax and one transfer for the whole batch."""
-    best = target_logits.argmax(-1).tolist()
+def greedy_accept(drafts: torch.Tensor, target_best: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The same rule for a batch: drafts [b, n], target_best [b, n+1] -> (accepted count [b], the target's own
+    next token [b]), with one transfer for the whole batch."""
+    best = target_best.tolist()
     acc, nxt = zip(*(_first_disagreement(d, b) for d, b in zip(drafts.tolist(), best)))
     return torch.tensor(acc, device=drafts.device), torch.tensor(nxt, device=drafts.device)
 

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from .errors import UserError
+from .head_screen import ArgmaxScreen
 from .validation import check_device
 
 ASSETS = Path(__file__).resolve().parent / "assets"
@@ -77,16 +78,17 @@ def add_threads_arg(p) -> None:
 
 @dataclass
 class TargetOutput:
-    logits: torch.Tensor          # [b, t, V] (with `logits_rows`: [b, len(logits_rows), V])
+    logits: torch.Tensor | None   # [b, t, V] (with `logits_rows`: [b, len(logits_rows), V]; None with `greedy`)
     features: torch.Tensor | None  # [b, t, len(taps) * H], raw outputs of the tapped layers, concatenated
     hidden: torch.Tensor | None = None   # [b, t, H] final-normed states (only with `logits_rows`; see logits_at)
+    tokens: torch.Tensor | None = None   # with `greedy`: the argmax of each row's logits, [b, t] (or the rows asked)
 
 
 class Target:
     """A frozen causal LM plus its tokenizer. Build with `Target.from_pretrained` or wrap a model directly."""
 
     def __init__(self, model: nn.Module, tokenizer=None, *, mask_token_id: int | None = None,
-                 taps: list[int] | None = None, name: str = "custom"):
+                 taps: list[int] | None = None, name: str = "custom", head_screen: bool = True):
         self.model = model.eval().requires_grad_(False)
         self.tokenizer = tokenizer
         self.name = name
@@ -104,12 +106,16 @@ class Target:
                 raise UserError(f"tap layer {j} is outside the target's {self.num_layers} decoder layers")
         self.eos_token_ids = self._find_eos()
         self.mask_token_id = mask_token_id if mask_token_id is not None else self._find_mask()
+        # greedy tokens from a half-precision read of the LM head, exact (head_screen.py); False = the full head
+        self._use_screen = head_screen
+        self._screen: ArgmaxScreen | None = None
 
     # ---- loading -------------------------------------------------------------------------------
     @classmethod
     def from_pretrained(cls, name_or_path: str, *, dtype: str | torch.dtype | None = None,
                         device: str | torch.device = "cpu", taps: list[int] | None = None,
-                        num_taps: int | None = None, trust_remote_code: bool = False) -> "Target":
+                        num_taps: int | None = None, trust_remote_code: bool = False,
+                        head_screen: bool = True) -> "Target":
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         dtype = parse_dtype(dtype) or torch.float32
@@ -141,7 +147,7 @@ class Target:
         n_layers = model.config.num_hidden_layers
         if taps is None and num_taps is not None:
             taps = default_tap_layers(n_layers, num_taps)
-        return cls(model, tokenizer, taps=taps, name=name_or_path)
+        return cls(model, tokenizer, taps=taps, name=name_or_path, head_screen=head_screen)
 
     def _find_eos(self) -> set[int]:
         ids: set[int] = set()
@@ -173,6 +179,16 @@ class Target:
         return self._lm_head
 
     @property
+    def screen(self) -> ArgmaxScreen | None:
+        """The LM-head screen greedy tokens are read through, or None (the full head): built for the head as it is
+        now, so a model moved to another device or dtype after loading gets a new one or none."""
+        if not self._use_screen:
+            return None
+        if self._screen is None or not self._screen.reads(self._lm_head.weight):
+            self._screen = ArgmaxScreen.for_head(self._lm_head)
+        return self._screen
+
+    @property
     def device(self) -> torch.device:
         return self.lm_head.weight.device
 
@@ -200,7 +216,8 @@ class Target:
     @torch.no_grad()
     def forward(self, input_ids: torch.Tensor, cache=None, taps: list[int] | None = None,
                 attention_mask: torch.Tensor | None = None, position_ids: torch.Tensor | None = None,
-                logits_rows: list[int] | None = None, last_logits_only: bool = False) -> TargetOutput:
+                logits_rows: list[int] | None = None, last_logits_only: bool = False,
+                greedy: bool = False) -> TargetOutput:
         """One target forward; `taps` (decoder-layer indices) selects which hidden states become features.
 
         `logits_rows`: run the LM head on these positions only and return every position's final-normed state in
@@ -208,22 +225,38 @@ class Target:
         visits, a few of the tree's N + 1; on a small target the LM head is a large share of a forward.
         `last_logits_only`: logits of the last position only (a prefill: nothing reads the prompt's other logits,
         and on the embedded target their LM head costs more than the layers), through the model's own
-        `logits_to_keep`, so anything the model does after its head still applies."""
-        if logits_rows is None:
+        `logits_to_keep`, so anything the model does after its head still applies.
+        `greedy`: return each row's argmax token (`tokens`) and no logits, which is all greedy decoding reads
+        (`greedy_tokens`)."""
+        if logits_rows is None and not (greedy and self.screen is not None):
             keep = {"logits_to_keep": 1} if last_logits_only else {}
             out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                              cache=cache, use_cache=cache is not None, output_hidden_states=taps is not None, **keep)
             hidden, logits = None, out.logits
+            tokens = logits.argmax(-1) if greedy else None
         else:
             out = self.model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask,
                                            position_ids=position_ids, cache=cache, use_cache=cache is not None,
                                            output_hidden_states=taps is not None)
             hidden = out.last_hidden_state
-            logits = self.logits_at(hidden[:, logits_rows])
+            rows = hidden[:, logits_rows] if logits_rows is not None else hidden[:, -1:] if last_logits_only else hidden
+            logits, tokens = (None, self.greedy_tokens(rows)) if greedy else (self.logits_at(rows), None)
+        if greedy:
+            logits = None
         feats = None
         if taps is not None:
             feats = torch.cat([out.hidden_states[j + 1] for j in taps], dim=-1)
-        return TargetOutput(logits, feats, hidden)
+        return TargetOutput(logits, feats, hidden, tokens)
+
+    @torch.no_grad()
+    def greedy_tokens(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The argmax token of the LM head's logits for final-normed states [..., H] -> [...]: through the
+        half-precision screen where the head allows it (exactly the float32 argmax, head_screen.py), else the full
+        head. Models that rescale or soft-cap logits after the head (a monotone map) have the same argmax."""
+        screen = self.screen
+        if screen is not None:
+            return screen.argmax(hidden)
+        return self.logits_at(hidden).argmax(-1)
 
     @torch.no_grad()
     def logits_at(self, hidden: torch.Tensor) -> torch.Tensor:

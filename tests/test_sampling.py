@@ -94,6 +94,6 @@ def test_greedy_acceptance_stops_at_the_first_draft_the_target_disagrees_with(n)
             j = int(torch.randint(n, (1,), generator=g))
             drafts[j] = (drafts[j] + 1) % 50
         want = next((i for i in range(n) if drafts[i] != best[i]), n)
-        assert sampling.greedy_accept_one(drafts.tolist(), logits) == (want, int(best[want]))
-        acc, nxt = sampling.greedy_accept(drafts[None], logits[None])          # the batched rule agrees
+        assert sampling.greedy_accept_one(drafts.tolist(), best) == (want, int(best[want]))
+        acc, nxt = sampling.greedy_accept(drafts[None], best[None])              # the batched rule agrees
         assert (int(acc), int(nxt)) == (want, int(best[want]))

@@ -80,8 +80,8 @@ def batched_generate(target, drafter, prompts_ids: list[list[int]], max_new_toke
     pos = (valid.long().cumsum(-1) - 1).clamp(min=0)
     cache = DynamicCache(config=target.model.config)
     out = target.forward(ids, cache=cache, taps=taps, attention_mask=valid.long(), position_ids=pos,
-                         last_logits_only=True)
-    anchor = out.logits[:, -1].argmax(-1)
+                         last_logits_only=True, greedy=True)
+    anchor = out.tokens[:, -1]
     tokens = [[int(t)] for t in anchor]
     done = [tokens[r][-1] in eos or len(tokens[r]) >= budget[r] for r in range(b)]
     reasons = ["eos" if tokens[r][-1] in eos else full[r] for r in range(b)]
@@ -156,8 +156,9 @@ def batched_generate(target, drafter, prompts_ids: list[list[int]], max_new_toke
         verify_ids = torch.cat([anchor[:, None], drafted], dim=1)
         vpos = start[:, None] + torch.arange(k, device=dev)
         valid = torch.cat([valid, torch.ones(len(live), k, dtype=torch.bool, device=dev)], dim=1)
-        out = target.forward(verify_ids, cache=cache, taps=taps, attention_mask=valid.long(), position_ids=vpos)
-        acc, nxt = sampling.greedy_accept(drafted, out.logits)
+        out = target.forward(verify_ids, cache=cache, taps=taps, attention_mask=valid.long(), position_ids=vpos,
+                             greedy=True)
+        acc, nxt = sampling.greedy_accept(drafted, out.tokens)
         t2 = time.perf_counter()
         steps += 1
         t_draft, t_verify = t_draft + t1 - t0, t_verify + t2 - t1

@@ -104,8 +104,9 @@ def speculative_generate(target, drafter=None, prompt: str | None = None, prompt
 
     t_start = time.perf_counter()
     cache = DynamicCache(config=target.model.config)
-    out = target.forward(torch.tensor([ids], device=dev), cache=cache, taps=taps, last_logits_only=True)
-    first, _ = sampling.sample_from(out.logits[:, -1], temperature, top_p, gen)
+    out = target.forward(torch.tensor([ids], device=dev), cache=cache, taps=taps, last_logits_only=True,
+                         greedy=greedy)
+    first = out.tokens[:, -1] if greedy else sampling.sample_from(out.logits[:, -1], temperature, top_p, gen)[0]
     tokens = [int(first)]
     calls = 1
     prefill_time = time.perf_counter() - t_start
@@ -156,10 +157,13 @@ def speculative_generate(target, drafter=None, prompt: str | None = None, prompt
                 drafts = torch.empty(0, dtype=torch.long, device=dev)
             t1 = time.perf_counter()
             draft_list = drafts.tolist()
-            out = target.forward(torch.tensor([[anchor] + draft_list], device=dev), cache=cache, taps=taps)
-            logits = out.logits[0]
+            # greedy without records reads only the target's argmax tokens (Target.greedy_tokens)
+            out = target.forward(torch.tensor([[anchor] + draft_list], device=dev), cache=cache, taps=taps,
+                                 greedy=greedy and not topk)
+            logits = out.logits[0] if out.logits is not None else None
             if greedy:
-                acc, nxt = sampling.greedy_accept_one(draft_list, logits)
+                best = out.tokens[0] if logits is None else logits.argmax(-1)
+                acc, nxt = sampling.greedy_accept_one(draft_list, best)
             else:
                 p = sampling.warp_probs(logits, temperature, top_p)
                 # copied (or no) drafts: q None, the point mass on each token
@@ -258,21 +262,26 @@ def _tree_step(target, drafter, cache, draft_cache, pending, pending_start, anch
     likely = trees.likely_rows(tree)
     out = target.forward(verify_ids, cache=cache, taps=taps,
                          attention_mask=trees.attention_mask(tree, start, target.dtype, dev),
-                         position_ids=trees.positions(tree, start, dev), logits_rows=likely)
+                         position_ids=trees.positions(tree, start, dev), logits_rows=likely, greedy=not topk)
     hidden = out.hidden[0]
-    rows_logits: dict[int, torch.Tensor] = {}
+    rows_logits: dict[int, torch.Tensor] = {}     # kept for the step record's top-k only
     rows_next: dict[int, int] = {}
 
-    def score(rows: list[int], logits: torch.Tensor) -> None:
-        rows_logits.update(zip(rows, logits))
-        rows_next.update(zip(rows, logits.argmax(-1).tolist()))
+    def score(rows: list[int], logits: torch.Tensor | None, best: torch.Tensor | None = None) -> None:
+        if logits is not None:
+            rows_logits.update(zip(rows, logits))
+            best = logits.argmax(-1)
+        rows_next.update(zip(rows, best.tolist()))
 
-    score(likely, out.logits[0])
+    score(likely, out.logits[0] if topk else None, None if topk else out.tokens[0])
 
     def next_token(row: int) -> int:
         if row not in rows_next:
             below = trees.likely_rows(tree, row - 1)
-            score(below, target.logits_at(hidden[below]))
+            if topk:
+                score(below, target.logits_at(hidden[below]))
+            else:
+                score(below, None, target.greedy_tokens(hidden[below]))
         return rows_next[row]
 
     path, nxt = trees.greedy_path(tree, next_token)

@@ -1,0 +1,122 @@
+"""The LM-head screen: greedy tokens from a half-precision copy of the head must be the float32 head's argmax."""
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from domino_lab import Target, speculative_generate
+from domino_lab.data.eval_sets import load_eval_set
+from domino_lab.decoding.batched import batched_generate
+from domino_lab.head_screen import ArgmaxScreen
+from domino_lab.models import load_drafter
+
+
+@pytest.fixture(scope="module")
+def targets():
+    return Target.from_pretrained("default"), Target.from_pretrained("default", head_screen=False)
+
+
+@pytest.fixture(scope="module")
+def hidden(targets):
+    """Final-normed states of the embedded target over real prompts: what the screen sees when decoding."""
+    t = targets[0]
+    rows = []
+    for name in ("math", "humaneval", "unseen"):
+        for r in load_eval_set(name)[:3]:
+            out = t.model.get_decoder()(input_ids=torch.tensor([t.encode(r["prompt"])]))
+            rows.append(out.last_hidden_state[0])
+    return torch.cat(rows)
+
+
+def test_the_embedded_target_is_screened_and_other_heads_are_not(targets):
+    assert targets[0].screen is not None and targets[1].screen is None
+    assert ArgmaxScreen.for_head(nn.Linear(8, 16, bias=False)) is not None
+    assert ArgmaxScreen.for_head(nn.Linear(8, 16, bias=True)) is None               # a bias: not a plain product
+    assert ArgmaxScreen.for_head(nn.Linear(8, 16, bias=False).double()) is None     # nothing to halve from float64
+    assert ArgmaxScreen.for_head(nn.Linear(8, 16, bias=False).bfloat16()) is None   # already half the bytes
+    moved = Target.from_pretrained("default")
+    assert moved.screen is not None
+    moved.model.double()                          # new weight storage: the screen follows the head as it is now
+    assert moved.screen is None
+    p = moved.encode("def add(a, b):")
+    hf = moved.model.generate(torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
+                              do_sample=False, max_new_tokens=8, pad_token_id=0)[0, len(p):].tolist()
+    assert speculative_generate(moved, None, prompt_ids=p, max_new_tokens=8).token_ids == hf
+
+
+def test_screen_argmax_is_the_float32_heads(targets, hidden):
+    screen = targets[0].screen
+    w = targets[0].lm_head.weight
+    g = torch.Generator().manual_seed(0)
+    cases = [hidden, hidden * 7, torch.randn(300, w.shape[1], generator=g) * 3]
+    for h in cases:
+        want = F.linear(h, w).argmax(-1)
+        assert torch.equal(screen.argmax(h), want)                          # many rows at once (bfloat16 copy)
+        for i in range(0, len(h), 37):                                       # one row at a time (float16 copy)
+            assert int(screen.argmax(h[i])) == int(want[i])
+
+
+def test_close_calls_are_decided_in_float32(targets, hidden):
+    """Rows whose two best logits are closer than half precision can resolve: the copy alone gets some of them
+    wrong (so this test would catch a screen that trusted it); the screen recomputes them and gets every one."""
+    screen = targets[0].screen
+    w = targets[0].lm_head.weight
+    rows, half_wrong = [], 0
+    for i in range(0, len(hidden), 3):
+        h = hidden[i]
+        logits = F.linear(h, w)
+        a, b = logits.topk(2).indices
+        d = w[a] - w[b]
+        # move h along w_a - w_b until the two logits are 1e-3 apart, either way round
+        for gap in (1e-3, -1e-3):
+            h2 = h - d * ((logits[a] - logits[b] - gap) / d.dot(d))
+            rows.append(h2)
+    h = torch.stack(rows)
+    want = F.linear(h, w).argmax(-1)
+    for dtype in (torch.bfloat16, torch.float16):
+        half_wrong += int((F.linear(h.to(dtype), w.to(dtype)).float().argmax(-1) != want).sum())
+    assert half_wrong > 0
+    assert torch.equal(screen.argmax(h), want)
+    assert all(int(screen.argmax(r)) == int(x) for r, x in zip(h[::5], want[::5]))
+
+
+def test_greedy_decoding_with_the_screen_equals_the_full_head(targets):
+    """Plain, chain, tree and batched decoding of the screened target equal the full head's plain decoding and
+    Hugging Face's greedy generate, on prompts from three sets."""
+    screened, full = targets
+    drafter = load_drafter("default", screened)
+    prompts = [screened.encode(r["prompt"]) for name in ("math", "humaneval", "unseen")
+               for r in load_eval_set(name)[:2]]
+    refs = []
+    for p in prompts:
+        ref = speculative_generate(full, None, prompt_ids=p, max_new_tokens=48).token_ids
+        hf = full.model.generate(torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
+                                 do_sample=False, max_new_tokens=48, pad_token_id=0)[0, len(p):].tolist()
+        assert hf[: len(ref)] == ref
+        assert speculative_generate(screened, None, prompt_ids=p, max_new_tokens=48).token_ids == ref
+        assert speculative_generate(screened, drafter, prompt_ids=p, max_new_tokens=48).token_ids == ref
+        assert speculative_generate(screened, drafter, prompt_ids=p, max_new_tokens=48,
+                                    tree_nodes=16).token_ids == ref
+        refs.append(ref)
+    assert batched_generate(screened, drafter, prompts, 48).token_ids == refs
+
+
+def test_head_screen_experiment_quick(tmp_path):
+    """experiments/head_screen.py end to end at its smallest: every decoder with and without the screen, and the
+    outputs checked against the full head's plain decoding."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "experiments" / "head_screen.py"
+    spec = importlib.util.spec_from_file_location("head_screen_experiment", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.main(["--quick", "--out", str(tmp_path)]) == 0
+    res = json.loads((tmp_path / "head_screen.json").read_text())
+    assert set(res["head_ms"]) == {"1", "9", "33"} and set(res["candidates"]) == {"float16", "bfloat16"}
+    assert 0 < res["candidates"]["float16"]["one"] <= 1
+    rows = res["decoding"]["math"]
+    assert set(rows) == {"ar", "domino", "domino-tree"}
+    assert all(v["lossless"] == {"full": 1, "screen": 1} and v["speedup"] > 0 for v in rows.values())
+    assert "| math | domino-tree |" in (tmp_path / "head_screen.md").read_text()
