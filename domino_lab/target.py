@@ -80,7 +80,8 @@ def add_threads_arg(p) -> None:
 class TargetOutput:
     logits: torch.Tensor | None   # [b, t, V] (with `logits_rows`: [b, len(logits_rows), V]; None with `greedy`)
     features: torch.Tensor | None  # [b, t, len(taps) * H], raw outputs of the tapped layers, concatenated
-    hidden: torch.Tensor | None = None   # [b, t, H] final-normed states (only with `logits_rows`; see logits_at)
+    hidden: torch.Tensor | None = None   # [b, t, H] final-normed states (with `logits_rows`, or `greedy` through the
+    #                                      LM-head screen; see logits_at and greedy_tokens)
     tokens: torch.Tensor | None = None   # with `greedy`: the argmax of each row's logits, [b, t] (or the rows asked)
 
 

@@ -83,7 +83,9 @@ def measure(args) -> dict:
     from domino_lab.models import load_drafter
 
     torch.set_num_threads(args.threads)
-    target = Target.from_pretrained("default", dtype="float32")
+    # the full LM head, as the bare loops read it: this measures what the engine adds around the same forward (the
+    # half-precision head screen, which makes a greedy step cheaper than a bare forward: experiments/head_screen.py)
+    target = Target.from_pretrained("default", dtype="float32", head_screen=False)
     drafters = {k: load_drafter(f"untrained:{k}" if args.quick else v, target)
                 for k, v in DRAFTERS.items() if k in args.drafters}
     prompts = [p["prompt"] for s in args.sets for p in load_eval_set(s, limit=args.limit)]
