@@ -68,9 +68,10 @@ class ArgmaxScreen:
         after loading has new weight storage, and the copies would be stale)."""
         return weight.data_ptr() == self.w.data_ptr() and weight.dtype == self.w.dtype
 
-    def _half(self, rows: int) -> _HalfHead:
+    def half_for(self, rows: int) -> _HalfHead:
+        """The copy a product of `rows` rows reads (built on first use)."""
         dtype = torch.float16 if rows == 1 else torch.bfloat16
-        if dtype not in self._halves:         # built on first use: a copy of the head, half its size
+        if dtype not in self._halves:
             self._halves[dtype] = _HalfHead(self.w, dtype)
         return self._halves[dtype]
 
@@ -90,7 +91,7 @@ class ArgmaxScreen:
         torch.argmax)."""
         shape = h.shape[:-1]
         h = h.reshape(-1, h.shape[-1])
-        half = self._half(h.shape[0])
+        half = self.half_for(h.shape[0])
         hh = h.to(half.dtype)
         approx = F.linear(hh, half.w).float()                                        # [R, V]
         floor = approx.amax(-1, keepdim=True) - 2 * self.bound(h, hh, approx, half)

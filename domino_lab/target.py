@@ -221,29 +221,32 @@ class Target:
                 greedy: bool = False) -> TargetOutput:
         """One target forward; `taps` (decoder-layer indices) selects which hidden states become features.
 
-        `logits_rows`: run the LM head on these positions only and return every position's final-normed state in
-        `hidden` (`logits_at` scores more rows later). Tree verification needs the logits of the rows its walk
+        `logits_rows`: run the LM head on these positions only (none: []) and return every position's final-normed
+        state in `hidden` (`logits_at` and `greedy_tokens` score more rows later). Tree verification needs the logits of the rows its walk
         visits, a few of the tree's N + 1; on a small target the LM head is a large share of a forward.
         `last_logits_only`: logits of the last position only (a prefill: nothing reads the prompt's other logits,
         and on the embedded target their LM head costs more than the layers), through the model's own
         `logits_to_keep`, so anything the model does after its head still applies.
         `greedy`: return each row's argmax token (`tokens`) and no logits, which is all greedy decoding reads
         (`greedy_tokens`)."""
+        tokens = None
         if logits_rows is None and not (greedy and self.screen is not None):
             keep = {"logits_to_keep": 1} if last_logits_only else {}
             out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                              cache=cache, use_cache=cache is not None, output_hidden_states=taps is not None, **keep)
             hidden, logits = None, out.logits
-            tokens = logits.argmax(-1) if greedy else None
+            if greedy:
+                logits, tokens = None, logits.argmax(-1)
         else:
             out = self.model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask,
                                            position_ids=position_ids, cache=cache, use_cache=cache is not None,
                                            output_hidden_states=taps is not None)
             hidden = out.last_hidden_state
             rows = hidden[:, logits_rows] if logits_rows is not None else hidden[:, -1:] if last_logits_only else hidden
-            logits, tokens = (None, self.greedy_tokens(rows)) if greedy else (self.logits_at(rows), None)
-        if greedy:
-            logits = None
+            if greedy:
+                logits, tokens = None, self.greedy_tokens(rows)
+            else:
+                logits = self.logits_at(rows) if rows.shape[1] else None
         feats = None
         if taps is not None:
             feats = torch.cat([out.hidden_states[j + 1] for j in taps], dim=-1)

@@ -61,7 +61,7 @@ def candidate_share(target, prompts: list[list[int]]) -> dict:
                        for p in prompts])
     screen, out = target.screen, {}
     for rows in (1, 9):                                    # one row: the float16 copy; several: the bfloat16 one
-        half = screen._half(rows)
+        half = screen.half_for(rows)
         hh = h.to(half.dtype)
         approx = F.linear(hh, half.w).float()
         floor = approx.amax(-1, keepdim=True) - 2 * screen.bound(h, hh, approx, half)

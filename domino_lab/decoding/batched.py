@@ -90,8 +90,7 @@ def batched_generate(target, drafter, prompts_ids: list[list[int]], max_new_toke
     lookups = [draft_lookup(min_copy, p + t) for p, t in zip(prompts_ids, tokens)] if min_copy else None
     copied = [False] * b
     copy_k = drafter.config.copy_ngram if drafter is not None else 0      # the drafter's copy input, per row
-    # (empty until a draft reads them: `extend` below catches each up with its row's text)
-    copiers = [copy_index(copy_k) for _ in prompts_ids] if copy_k else None
+    copiers = [copy_index(copy_k) for _ in prompts_ids] if copy_k else None   # (caught up when a draft reads them)
     start = lens.clone()                                              # position of each row's anchor
     # target features not yet in the draft cache, as chunks (features [b, C, kH], validity and positions [b, C];
     # left pads get negative positions, masked anyway), one per step since the last draft, joined when one runs
@@ -135,10 +134,8 @@ def batched_generate(target, drafter, prompts_ids: list[list[int]], max_new_toke
             key_valid = torch.cat([draft_valid, feats_valid, block], dim=1)
             cands = None
             if copiers is not None:
-                # the copy indexes catch up with the text only when a draft reads them: while the policy takes
-                # plain steps (a batch on which drafting does not pay), they cost nothing
                 for r in live:
-                    copiers[r].extend((prompts_ids[r] + tokens[r])[len(copiers[r].seq):])
+                    copiers[r].catch_up(prompts_ids[r], tokens[r])
                 cands = copy_inputs([copiers[r] for r in live], n_drafts, dev)
             drafted = drafter.draft(feats, feats_pos, anchor, start, draft_cache, n=n, key_valid=key_valid,
                                     copy=cands).tokens

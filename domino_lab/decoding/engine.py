@@ -119,7 +119,7 @@ def speculative_generate(target, drafter=None, prompt: str | None = None, prompt
     lookup = draft_lookup(min_copy, ids + tokens) if min_copy else None
     # a drafter with a copy input reads each block's copy candidates (models/block.py#CopyInput)
     copy_k = drafter.config.copy_ngram if drafter is not None else 0
-    copier = copy_index(copy_k, ids + tokens) if copy_k else None
+    copier = copy_index(copy_k) if copy_k else None          # (caught up with the text when a draft reads it)
     policy = PlainFallback(n_drafts) if adaptive and n_drafts else None    # draft, or a plain step where it pays
 
     while stop is None and len(tokens) < max_new_tokens:
@@ -132,6 +132,8 @@ def speculative_generate(target, drafter=None, prompt: str | None = None, prompt
         if policy is not None and not copy:
             n = policy.choose(n)
         use_copier = copier is not None and n > 0 and not copy
+        if use_copier:
+            copier.catch_up(ids, tokens)
         cands = copy_inputs([copier], n_drafts, dev) if use_copier else None
         if tree_nodes and not copy:
             rec, new_feats = _tree_step(target, drafter, cache, draft_cache, pending, pending_start, anchor, start,
@@ -196,8 +198,6 @@ def speculative_generate(target, drafter=None, prompt: str | None = None, prompt
         tokens.extend(rec.committed)
         if lookup is not None:
             lookup.update(rec.committed, rec.accepted, len(rec.draft_tokens), rec.copied)
-        if copier is not None:
-            copier.extend(rec.committed)
         start += rec.accepted + 1
         if on_step is not None:
             on_step(rec)
@@ -262,26 +262,27 @@ def _tree_step(target, drafter, cache, draft_cache, pending, pending_start, anch
     likely = trees.likely_rows(tree)
     out = target.forward(verify_ids, cache=cache, taps=taps,
                          attention_mask=trees.attention_mask(tree, start, target.dtype, dev),
-                         position_ids=trees.positions(tree, start, dev), logits_rows=likely, greedy=not topk)
+                         position_ids=trees.positions(tree, start, dev), logits_rows=[])
     hidden = out.hidden[0]
     rows_logits: dict[int, torch.Tensor] = {}     # kept for the step record's top-k only
     rows_next: dict[int, int] = {}
 
-    def score(rows: list[int], logits: torch.Tensor | None, best: torch.Tensor | None = None) -> None:
-        if logits is not None:
+    def read(rows: list[int]) -> None:
+        """The target's next token at these verify rows, the LM head run on them alone (their logits kept when
+        the record wants its top-k)."""
+        if topk:
+            logits = target.logits_at(hidden[rows])
             rows_logits.update(zip(rows, logits))
             best = logits.argmax(-1)
+        else:
+            best = target.greedy_tokens(hidden[rows])
         rows_next.update(zip(rows, best.tolist()))
 
-    score(likely, out.logits[0] if topk else None, None if topk else out.tokens[0])
+    read(likely)
 
     def next_token(row: int) -> int:
         if row not in rows_next:
-            below = trees.likely_rows(tree, row - 1)
-            if topk:
-                score(below, target.logits_at(hidden[below]))
-            else:
-                score(below, None, target.greedy_tokens(hidden[below]))
+            read(trees.likely_rows(tree, row - 1))
         return rows_next[row]
 
     path, nxt = trees.greedy_path(tree, next_token)

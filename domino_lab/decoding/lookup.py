@@ -51,6 +51,12 @@ class NgramLookup:
             for k in keys:
                 self._after[k] = j
 
+    def catch_up(self, prompt: list[int], tokens: list[int]) -> None:
+        """Extend the index to the text prompt + tokens, of which it has seen a prefix. The decoders keep a
+        drafter's copy index this way, only when a draft reads it: steps without a draft cost it nothing."""
+        n, p = len(self.seq), len(prompt)
+        self.extend(prompt[n:] + tokens[max(0, n - p):])
+
     def propose(self, k: int) -> tuple[list[int], int]:
         """Up to k tokens continuing the longest suffix (≥ min_ngram tokens) that occurred before, and the matched
         length (0 and [] when nothing matches). A match close to the end is a loop of period d = len - start; its
