@@ -13,7 +13,7 @@ from mlflow.tracking import MlflowClient
 from domino_lab.errors import run_cli
 from domino_lab.sweep.__main__ import main
 from domino_lab.sweep.storage import sweep_storage
-from core_helpers import tiny_sweep_yaml
+from core_helpers import tiny_sweep_yaml, tiny_target
 
 
 @pytest.fixture(scope="module")
@@ -53,9 +53,36 @@ def test_sweep_runs_resumes_and_tracks(sweep_yaml, capsys):
     assert "COMPLETE" in states
     done = [r for r in kids if r.data.tags.get("optuna.state") == "COMPLETE"]
     assert all("val/tau" in r.data.metrics and "val/accept_pos_0" in r.data.metrics for r in done)
+    # each complete trial's step costs, measured after it, and the speedup estimate they give with its τ
+    assert all(r.data.metrics["cost/draft_ms"] > 0 and r.data.metrics["cost/step_ms"] > 0 for r in done)
+    for t in (t for t in summary["trials"] if t["state"] == "COMPLETE"):
+        assert t["speedup_est"] == pytest.approx(t["values"][0] * t["step_ms"] / (t["draft_ms"] + t["verify_ms"]))
     arts = {a.path for a in client.list_artifacts(parent)}
     assert "summary.md" in arts and "plots" in arts
     assert client.get_run(parent).info.status == "FINISHED"       # nothing left to run in the study
+
+
+def test_sweep_costs_script_on_a_finished_sweep(sweep_yaml, tmp_path, capsys):
+    """experiments/sweep_costs.py times a finished sweep's drafters both ways and writes its table."""
+    path, cfg = sweep_yaml
+    sdir = Path(cfg["out_dir"]) / "tiny"
+    if not (sdir / "summary.json").exists():          # run alone: the study the module's first test makes
+        assert run(["--config", str(path)], capsys)[0] == 0
+    done = [t["trial"] for t in json.loads((sdir / "summary.json").read_text())["trials"] if t["state"] == "COMPLETE"]
+    opts = dict(o.split("=", 1) for o in cfg["overrides"])
+    out = tmp_path / "sc"
+    r = subprocess.run([sys.executable, "experiments/sweep_costs.py", "--sweep-dir", str(sdir), "--trials",
+                        str(done[0]), "--repeats", "2", "--quick", "--target", opts["target"], "--data",
+                        opts["data.path"], "--out", str(out)], cwd=Path(__file__).resolve().parents[1],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    md = (out / "sweep_costs.md").read_text()
+    assert f"| {done[0]} |" in md and "| decode |" in md and "| step_costs |" in md
+    res = json.loads((out / "sweep_costs.json").read_text())["results"][str(done[0])]
+    assert len(res["decode"]) == 2 and all(c["speedup_est"] > 0 for c in res["step_costs"])
+    bad = subprocess.run([sys.executable, "experiments/sweep_costs.py", "--sweep-dir", str(sdir), "--trials", "99"],
+                         cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "have no trained drafter" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
 
 
 def test_two_workers_share_one_study(sweep_yaml, tmp_path):
@@ -116,6 +143,46 @@ def test_bad_sweep_config(tmp_path, capsys):
         assert code == 2 and msg in err and len(err.strip().splitlines()) == 1, err
     code, _, err = run(["--config", str(tmp_path / "missing.yaml")], capsys)
     assert code == 2 and "cannot read config" in err
+    for objectives in (["draft_ms"], ["tau", "speed"], ["tau", "draft_ms", "draft_cost"]):
+        bad.write_text(yaml.safe_dump({"objectives": objectives,
+                                       "space": {"drafter.rank": {"type": "int", "low": 4, "high": 8}}}))
+        code, _, err = run(["--config", str(bad)], capsys)
+        assert code == 2 and "objectives must be [tau]" in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_step_costs_run_in_turn_at_decoding_threads():
+    """The trial's cost measurement: positive medians of each part, at decoding's thread count (1 for a small
+    target on a CPU), the caller's count restored afterwards."""
+    import torch
+
+    from domino_lab.experiments.timing import step_costs
+    from domino_lab.models import Drafter
+
+    target = tiny_target()
+    d = Drafter.untrained(target, "domino", block_size=4, num_layers=1).eval()
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        costs = step_costs(target, d, ctx=16, reps=2, rounds=1)
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+    assert costs["threads"] == 1
+    assert all(costs[k] > 0 for k in ("draft_ms", "verify_ms", "step_ms"))
+
+
+def test_pareto_sweep_of_tau_against_draft_cost(tmp_path, capsys):
+    """objectives [tau, draft_cost]: a two-direction study whose second value is each trial's draft step ÷ plain
+    step, a Pareto-front answer and plot."""
+    path, cfg = tiny_sweep_yaml(tmp_path, n_trials=2, objectives=["tau", "draft_cost"], confirm={"seeds": 0})
+    code, out, err = run(["--config", str(path)], capsys)
+    assert code == 0, err[-2000:]
+    assert out.startswith("Pareto front of τ vs draft latency") and "× a plain step" in out, out[:500]
+    study = optuna.load_study(study_name="tiny", storage=f"sqlite:///{Path(cfg['out_dir']) / 'optuna.db'}")
+    assert [d.name for d in study.directions] == ["MAXIMIZE", "MINIMIZE"]
+    for t in study.get_trials(states=[optuna.trial.TrialState.COMPLETE]):
+        assert t.values[1] == pytest.approx(t.user_attrs["draft_ms"] / t.user_attrs["step_ms"])
+    assert (Path(cfg["out_dir"]) / "tiny" / "plots" / "pareto_front.png").exists()
 
 
 def test_bad_sweep_input_fails_before_anything_is_created(tmp_path, capsys):

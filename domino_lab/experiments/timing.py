@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from contextlib import contextmanager
 
 import torch
 
@@ -56,3 +57,62 @@ def head_overhead_ms(d, ctx: int = 128, reps: int = 20, rounds: int = 3) -> dict
         d.head_enabled = was
     on, off = ms[True]["cpu_ms"], ms[False]["cpu_ms"]
     return {"draft_ms_head_on": on, "draft_ms_head_off": off, "head_ms": on - off, "head_ratio": on / off}
+
+
+@contextmanager
+def decoding_threads(target):
+    """torch's intra-op threads as decoding uses them with `target` (target.decode_threads) inside the block; the
+    caller's count (a training process's, say) afterwards."""
+    from ..target import decode_threads
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(decode_threads(target))
+    try:
+        yield torch.get_num_threads()
+    finally:
+        torch.set_num_threads(before)
+
+
+def step_costs(target, d, ctx: int = 128, reps: int = 10, rounds: int = 3) -> dict:
+    """What one decoding step of drafter `d` costs on `target`, by part, measured the way a decode meets them.
+
+    Each rep runs a draft step (`cached_step`), a verify forward of the anchor and the drafter's drafts (taps on,
+    greedy tokens) and a plain one-token forward on a `ctx`-token target cache, in turn: every draft then follows a
+    target forward that has pushed the drafter's weights out of the cache, as in a real decode (a warm loop of
+    drafts alone runs the drafter's matmuls ~3x faster). Medians over `rounds` x `reps`, at decoding's thread
+    count; thread CPU time at one thread (other processes on the cores, e.g. more sweep workers, do not count),
+    wall time otherwise. A decode's own per-step times come from one text and swing by ±20% from one call to the
+    next on a shared CPU; these are what compares drafters measured at different times (the sweep's trials).
+
+    Returns {"draft_ms", "verify_ms", "step_ms", "threads"}: speedup_bound(τ, step_ms, draft_ms, verify_ms) is the
+    cost model's speedup at acceptance τ."""
+    from transformers import DynamicCache
+
+    g = torch.Generator().manual_seed(0)
+    taps = list(d.config.target_layer_ids)
+    k = d.config.num_drafts + 1
+    dev = target.device
+    with decoding_threads(target) as threads, torch.no_grad():
+        cache = DynamicCache(config=target.model.config)
+        target.forward(torch.randint(0, target.vocab_size, (1, ctx), generator=g).to(dev), cache=cache, taps=taps,
+                       last_logits_only=True)
+
+        def forward(n: int, with_taps: bool):
+            ids = torch.randint(0, target.vocab_size, (1, n), generator=g).to(dev)
+
+            def run():
+                target.forward(ids, cache=cache, taps=taps if with_taps else None, greedy=True)
+                cache.crop(-n)
+            return run
+
+        parts = {"draft": cached_step(d, ctx, g), "verify": forward(k, True), "step": forward(1, False)}
+        clock = time.thread_time if threads == 1 else time.perf_counter
+        times: dict = {name: [] for name in parts}
+        for f in parts.values():              # warm-up: allocator, the fused head's kernel and tables
+            f()
+        for _ in range(rounds * reps):
+            for name, f in parts.items():
+                t0 = clock()
+                f()
+                times[name].append(clock() - t0)
+    return {f"{name}_ms": 1e3 * statistics.median(v) for name, v in times.items()} | {"threads": threads}

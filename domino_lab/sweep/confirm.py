@@ -116,6 +116,7 @@ def _score(runner, trial, seed: int, role: str) -> dict:
     """One (configuration, seed) scored on the confirmation prompts; recorded in the study."""
     from ..models import Drafter
     from ..training.module import measure_tau
+    from .trial import drafter_costs
 
     key = f"confirm:{trial.number}:{seed}"
     done = runner._reload_study().user_attrs.get(key)
@@ -130,8 +131,9 @@ def _score(runner, trial, seed: int, role: str) -> dict:
     drafter = Drafter.from_pretrained(path, runner.target)
     ev = runner.base.eval
     stats = measure_tau(runner.target, drafter, runner.confirm_prompts, ev.tau_max_new_tokens, batch=ev.tau_batch)
-    out = {"tau": stats["tau"], "per_prompt": stats["per_prompt"], "draft_ms": stats["draft_ms"],
-           "verify_ms": stats["verify_ms"], "dir": path, "run_id": run_id}
+    costs = drafter_costs(runner.target, drafter)
+    out = {"tau": stats["tau"], "per_prompt": stats["per_prompt"], "draft_ms": costs["draft_ms"],
+           "verify_ms": costs["verify_ms"], "step_ms": costs["step_ms"], "dir": path, "run_id": run_id}
     if run_id:
         runner.client.log_metric(run_id, "confirm/tau", stats["tau"])
         runner.client.set_tag(run_id, "confirm.role", role)
@@ -143,8 +145,8 @@ def _side(trial, scores: dict, runner) -> dict:
     taus = [scores[s]["tau"] for s in sorted(scores, key=int)]
     from ..decoding.metrics import speedup_bound
 
-    speed = [speedup_bound(r["tau"], runner.t_ar_ms, r["draft_ms"], r["verify_ms"]) for r in scores.values()
-             if runner.t_ar_ms and r.get("draft_ms") is not None and (r["draft_ms"] + r["verify_ms"]) > 0]
+    speed = [speedup_bound(r["tau"], r["step_ms"], r["draft_ms"], r["verify_ms"]) for r in scores.values()
+             if r.get("step_ms")]
     return {"trial": trial.number, "params": dict(trial.params), "search_tau": trial.values[0],
             "tau_per_seed": taus, "tau_mean": statistics.fmean(taus),
             "tau_sd": statistics.stdev(taus) if len(taus) > 1 else None,

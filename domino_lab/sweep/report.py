@@ -25,7 +25,7 @@ def _fmt(v):
     return f"{v:.4g}" if isinstance(v, float) else str(v)
 
 
-def _plots(study, out: Path, space: dict) -> list[Path]:
+def _plots(study, out: Path, space: dict, objectives: list[str]) -> list[Path]:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -43,7 +43,7 @@ def _plots(study, out: Path, space: dict) -> list[Path]:
         jobs.append(("contour_rank_gru", lambda: ovm.plot_contour(
             study, params=["drafter.rank", "drafter.gru_hidden"], target=target, target_name=name)))
     if len(study.directions) > 1 and done:
-        jobs.append(("pareto_front", lambda: ovm.plot_pareto_front(study, target_names=["tau", "draft_ms"])))
+        jobs.append(("pareto_front", lambda: ovm.plot_pareto_front(study, target_names=list(objectives))))
     for fname, make in jobs:
         try:
             with warnings.catch_warnings():
@@ -118,7 +118,8 @@ def write_report(study, sweep, out_dir: Path, client, parent: str, tracking_uri:
                      if t.intermediate_values else None,
                      "params": t.params, "baseline": bool(t.user_attrs.get("baseline")),
                      "speedup_est": t.user_attrs.get("speedup_est"), "draft_ms": t.user_attrs.get("draft_ms"),
-                     "verify_ms": t.user_attrs.get("verify_ms"), "seed": t.user_attrs.get("seed"),
+                     "verify_ms": t.user_attrs.get("verify_ms"), "step_ms": t.user_attrs.get("step_ms"),
+                     "seed": t.user_attrs.get("seed"),
                      "best_dir": t.user_attrs.get("best_dir"), "final_dir": t.user_attrs.get("final_dir"),
                      "mlflow_run_id": t.user_attrs.get("mlflow_run_id")})
     complete = [r for r in rows if r["state"] == "COMPLETE"]
@@ -130,8 +131,9 @@ def write_report(study, sweep, out_dir: Path, client, parent: str, tracking_uri:
         answer = f"No trial of study '{sweep.study_name}' completed yet ({counts}); see {out_dir}."
     elif multi:
         front = study.best_trials
+        unit = " ms" if sweep.objectives[1] == "draft_ms" else "× a plain step"
         answer = (f"Pareto front of τ vs draft latency ({len(front)} of {len(complete)} complete trials): " +
-                  "; ".join(f"trial {t.number}: τ={t.values[0]:.3f}, draft {t.values[1]:.2f} ms "
+                  "; ".join(f"trial {t.number}: τ={t.values[0]:.3f}, draft {t.values[1]:.2f}{unit} "
                             f"({', '.join(f'{k}={_fmt(v)}' for k, v in t.params.items())})" for t in front))
     else:
         best = study.best_trial
@@ -161,17 +163,19 @@ def write_report(study, sweep, out_dir: Path, client, parent: str, tracking_uri:
         lines.append(f"Each trial trains {how_trained} for {base_cfg.max_steps} steps (batch {base_cfg.data.batch_size}, "
                      f"{base_cfg.data.features} target features) and is scored by τ of real greedy speculative "
                      f"decoding on {e.tau_prompts} held-out prompts × {e.tau_max_new_tokens} new tokens "
-                     f"(validation split of {base_cfg.data.path}). Speedup est. = τ × plain step ms ÷ (draft + "
-                     "verify ms), all measured per sequence in this session.\n")
+                     f"(validation split of {base_cfg.data.path}). Draft, verify and plain step ms: medians of 60 of each, "
+                     "run in turn on a 128-token context after the trial (a draft after a target forward, as in a "
+                     "decode; thread CPU time at one thread); speedup est. = τ × plain step ÷ (draft + verify), "
+                     "from that trial's own measurement.\n")
     lines += confirmation_lines(conf, sweep)
-    lines.append("| trial | state | " + " | ".join(sweep.objectives) + " | draft ms | verify ms | speedup est. | params |")
-    lines.append("|---|---|" + "---|" * len(sweep.objectives) + "---|---|---|---|")
+    lines.append("| trial | state | " + " | ".join(sweep.objectives) + " | draft ms | verify ms | plain ms | speedup est. | params |")
+    lines.append("|---|---|" + "---|" * len(sweep.objectives) + "---|---|---|---|---|")
     key = (lambda r: -(r["values"] or [float("-inf")])[0]) if not multi else (lambda r: r["trial"])
     for r in sorted(rows, key=lambda r: (r["state"] != "COMPLETE", key(r))):
         vals = r["values"] or [r["last_intermediate"]] + [None] * (len(sweep.objectives) - 1)
         lines.append(f"| {r['trial']}{' (baseline)' if r['baseline'] else ''} | {r['state']} | " +
                      " | ".join(_fmt(v) if v is not None else "–" for v in vals) + " | " +
-                     " | ".join(f"{r[k]:.2f}" if r[k] is not None else "–" for k in ("draft_ms", "verify_ms")) +
+                     " | ".join(f"{r[k]:.2f}" if r[k] is not None else "–" for k in ("draft_ms", "verify_ms", "step_ms")) +
                      " | " + (f"{r['speedup_est']:.2f}x" if r["speedup_est"] else "–") + " | " +
                      ", ".join(f"{k}={_fmt(v)}" for k, v in r["params"].items()) + " |")
     saved = pruning_savings(study, max_steps)
@@ -179,7 +183,7 @@ def write_report(study, sweep, out_dir: Path, client, parent: str, tracking_uri:
     how = (f"Pruning saved {100 * saved:.0f}% of the trials' training steps. " if saved else "") + \
         f"Open the runs: mlflow ui --backend-store-uri {mask_credentials(tracking_uri)}  |  optuna-dashboard " \
         f"{mask_credentials(storage_url)}"
-    plots = _plots(study, plots_dir, sweep.space)
+    plots = _plots(study, plots_dir, sweep.space, sweep.objectives)
     lines.append("\n" + how + "\n")
     lines.append("\n".join(f"![{p.stem}](plots/{p.name})" for p in plots))
     # summaries are replaced whole: several workers finishing together each write them, and a reader (the app,

@@ -1,5 +1,5 @@
 """Pieces of a sweep trial shared by the search and the confirmation stage (sweep/runner.py, sweep/confirm.py):
-whether a study can be confirmed, and the progress bar inside a trial."""
+whether a study can be confirmed, what a trial's drafter costs per step, and the progress bar inside a trial."""
 from __future__ import annotations
 
 import sys
@@ -12,6 +12,17 @@ def confirmable(study) -> bool:
     """A confirmation can run: a complete baseline trial and at least one other complete trial."""
     done = [t for t in study.get_trials(deepcopy=False) if t.state == optuna.trial.TrialState.COMPLETE]
     return any(t.user_attrs.get("baseline") for t in done) and any(not t.user_attrs.get("baseline") for t in done)
+
+
+def drafter_costs(target, drafter) -> dict:
+    """Draft, verify and plain step ms of a trial's drafter (a Drafter or its directory) on `target`, measured
+    decode-like on the side (experiments/timing.py, step_costs)."""
+    from ..experiments.timing import step_costs
+    from ..models import Drafter
+
+    if not isinstance(drafter, Drafter):
+        drafter = Drafter.from_pretrained(drafter, target)
+    return step_costs(target, drafter.eval(), reps=20)
 
 
 class TrialProgress(pl.Callback):
