@@ -94,7 +94,20 @@ def check_data_target(data_path, target) -> None:
 
 
 def train(cfg, resume: bool = False, extra_callbacks=None, logger=None, target=None) -> dict:
-    """Train one drafter; returns {"best_tau", "best_dir", "final_dir", "run_id", "steps"}. Used by the sweep."""
+    """Train one drafter; returns {"best_tau", "best_dir", "final_dir", "run_id", "steps"}. Used by the sweep.
+
+    `cfg.threads` holds for this run only: the caller (a sweep worker, a notebook, a test process) gets its own
+    torch thread count back, so a later decode is not timed on, or a second process crowded by, the run's threads."""
+    import torch
+
+    before = torch.get_num_threads()
+    try:
+        return _train(cfg, resume, extra_callbacks, logger, target)
+    finally:
+        torch.set_num_threads(before)
+
+
+def _train(cfg, resume: bool, extra_callbacks, logger, target) -> dict:
     import lightning.pytorch as pl
     import torch
     from lightning.pytorch.callbacks import ModelCheckpoint, OnExceptionCheckpoint

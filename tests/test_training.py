@@ -222,9 +222,15 @@ def test_resumed_run_trains_on_the_same_batches(tiny, tmp_path):
 
     whole = train(load_config(TrainConfig, None, quick_args(tiny, tmp_path / "whole", 10)))
     out = tmp_path / "resumed"
-    cfg = load_config(TrainConfig, None, quick_args(tiny, out, 10))
-    with pytest.raises(Crash):
-        train(cfg, extra_callbacks=[CrashAtStep7()])
+    cfg = load_config(TrainConfig, None, quick_args(tiny, out, 10) + ["threads=1"])
+    before = torch.get_num_threads()
+    torch.set_num_threads(before + 1)
+    try:
+        with pytest.raises(Crash):
+            train(cfg, extra_callbacks=[CrashAtStep7()])
+        assert torch.get_num_threads() == before + 1    # the run's threads do not outlive it, even when it fails
+    finally:
+        torch.set_num_threads(before)
     (out / "checkpoints" / "on_exception.ckpt").unlink()
     assert [s for s, _ in _history(out)] == list(range(6))          # steps 5 and 6 came after the checkpoint
     res = train(load_config(TrainConfig, None, quick_args(tiny, out, 10)), resume=True)
