@@ -7,6 +7,7 @@ after the final norm in HF, so we never treat it as a raw layer output (docs/des
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -67,6 +68,19 @@ def use_decode_threads(target: "Target", requested: int | None = None) -> int:
     n = decode_threads(target, requested)
     torch.set_num_threads(n)
     return n
+
+
+@contextmanager
+def torch_threads(n: int | None):
+    """torch's intra-op threads set to `n` inside the block (None: left as they are) and the caller's count back
+    afterwards, also on an exception: a training run's or a timing's threads must not outlive it in the process."""
+    before = torch.get_num_threads()
+    if n is not None:
+        torch.set_num_threads(n)
+    try:
+        yield torch.get_num_threads()
+    finally:
+        torch.set_num_threads(before)
 
 
 def add_threads_arg(p) -> None:

@@ -98,13 +98,11 @@ def train(cfg, resume: bool = False, extra_callbacks=None, logger=None, target=N
 
     `cfg.threads` holds for this run only: the caller (a sweep worker, a notebook, a test process) gets its own
     torch thread count back, so a later decode is not timed on, or a second process crowded by, the run's threads."""
-    import torch
+    from .target import torch_threads
 
-    before = torch.get_num_threads()
-    try:
+    cfg.validate()
+    with torch_threads(cfg.threads):
         return _train(cfg, resume, extra_callbacks, logger, target)
-    finally:
-        torch.set_num_threads(before)
 
 
 def _train(cfg, resume: bool, extra_callbacks, logger, target) -> dict:
@@ -120,9 +118,6 @@ def _train(cfg, resume: bool, extra_callbacks, logger, target) -> dict:
     from .training.tracking import forget_metrics_from, make_logger, plot_curves, read_run_id, remember_run
     import yaml
 
-    cfg.validate()
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
     out_dir = Path(cfg.out_dir)
     ckpt_dir = out_dir / "checkpoints"
     if out_dir.exists() and any(ckpt_dir.glob("*.ckpt")) and not resume:

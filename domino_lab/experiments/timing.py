@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import statistics
 import time
-from contextlib import contextmanager
 
 import torch
 
@@ -59,20 +58,6 @@ def head_overhead_ms(d, ctx: int = 128, reps: int = 20, rounds: int = 3) -> dict
     return {"draft_ms_head_on": on, "draft_ms_head_off": off, "head_ms": on - off, "head_ratio": on / off}
 
 
-@contextmanager
-def decoding_threads(target):
-    """torch's intra-op threads as decoding uses them with `target` (target.decode_threads) inside the block; the
-    caller's count (a training process's, say) afterwards."""
-    from ..target import decode_threads
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(decode_threads(target))
-    try:
-        yield torch.get_num_threads()
-    finally:
-        torch.set_num_threads(before)
-
-
 def step_costs(target, d, ctx: int = 128, reps: int = 10, rounds: int = 3) -> dict:
     """What one decoding step of drafter `d` costs on `target`, by part, measured the way a decode meets them.
 
@@ -88,11 +73,13 @@ def step_costs(target, d, ctx: int = 128, reps: int = 10, rounds: int = 3) -> di
     cost model's speedup at acceptance τ."""
     from transformers import DynamicCache
 
+    from ..target import decode_threads, torch_threads
+
     g = torch.Generator().manual_seed(0)
     taps = list(d.config.target_layer_ids)
     k = d.config.num_drafts + 1
     dev = target.device
-    with decoding_threads(target) as threads, torch.no_grad():
+    with torch_threads(decode_threads(target)) as threads, torch.no_grad():
         cache = DynamicCache(config=target.model.config)
         target.forward(torch.randint(0, target.vocab_size, (1, ctx), generator=g).to(dev), cache=cache, taps=taps,
                        last_logits_only=True)
