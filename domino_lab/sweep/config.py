@@ -11,7 +11,8 @@ from ..errors import UserError, mask_credentials
 from .space import make_pruner, make_sampler, probe_values, validate_space
 
 DEFAULT_SWEEP = "experiments/sweeps/default.yaml"
-OBJECTIVES = ("tau", "draft_ms", "draft_cost")
+# τ alone, or τ against one draft cost (draft_cost = draft step ÷ plain step, measured in turn: steadier across trials)
+OBJECTIVES = (["tau"], ["tau", "draft_ms"], ["tau", "draft_cost"])
 
 
 @dataclass
@@ -97,7 +98,7 @@ def load_sweep(path: str | Path | None = DEFAULT_SWEEP, overrides: list[str] = (
     make_sampler(cfg.sampler)
     make_pruner(cfg.pruner)
     check_storage_url(cfg.storage)
-    if cfg.objectives not in (["tau"], ["tau", "draft_ms"], ["tau", "draft_cost"]):
+    if cfg.objectives not in OBJECTIVES:
         raise UserError(f"objectives must be [tau] or τ against one draft cost, [tau, draft_ms] or [tau, draft_cost] "
                         f"(draft step ÷ plain step, measured in turn: steadier across trials); got {cfg.objectives}")
     return cfg
