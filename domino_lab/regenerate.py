@@ -60,11 +60,12 @@ def main(argv: list[str] | None = None) -> int:
     check_device(args.device)
     check_out_dir(Path(args.out))
     if args.prompts is not None:
-        from .data.eval_sets import EVAL_SETS, load_eval_set
+        from .data.eval_sets import EVAL_SETS, OUTSIDE_SETS, load_eval_set
 
-        if args.prompts == "unseen":
-            raise UserError("--prompts unseen: that set is evaluation ground (prompts from outside the project's "
-                            "corpora) and never training data; regenerate from the default corpora or a JSONL file")
+        if args.prompts in OUTSIDE_SETS:
+            raise UserError(f"--prompts {args.prompts}: that set is evaluation ground (prompts from outside the "
+                            "project's corpora) and never training data; regenerate from the default corpora or a "
+                            "JSONL file")
         domain = args.prompts if args.prompts in EVAL_SETS else "custom"
         prompts = [dict(p, domain=domain) for p in load_eval_set(args.prompts, cache_dir=args.cache_dir)]
     else:

@@ -11,7 +11,8 @@ from domino_lab.data.eval_sets import (EVAL_SETS, MAX_CONTEXT_CHARS, assert_no_o
 from domino_lab.errors import UserError
 
 
-@pytest.mark.parametrize("name,size", [("humaneval", 164), ("math", 128), ("code", 128), ("unseen", 48)])
+@pytest.mark.parametrize("name,size", [("humaneval", 164), ("math", 128), ("code", 128), ("unseen", 48),
+                                       ("fresh", 60)])
 def test_named_sets_have_expected_size_unique_ids_and_are_deterministic(name, size):
     a = load_eval_set(name)
     assert len(a) == size
@@ -21,27 +22,33 @@ def test_named_sets_have_expected_size_unique_ids_and_are_deterministic(name, si
     assert load_eval_set(name, limit=5) == a[:5]
 
 
-def test_unseen_set_comes_from_outside_the_training_corpora():
-    """Code headers from installed third-party packages (which the code corpus excludes) and word problems that
-    are not the math generator's: no prompt of the set occurs in the training corpora's prompt lists."""
-    from domino_lab.data.eval_sets import UNSEEN_PACKAGES, code_prompts, math_prompts
+def test_outside_sets_come_from_outside_the_training_corpora_and_each_other():
+    """`unseen` and `fresh`: code headers from installed third-party packages (which the code corpus excludes) and
+    word problems that are not the math generator's. No prompt of either set occurs in the training corpora's
+    prompt lists, and the two sets share no package, no word problem and no prompt."""
+    from domino_lab.data.eval_sets import FRESH_PACKAGES, UNSEEN_PACKAGES, code_prompts, math_prompts
 
-    u = load_eval_set("unseen")
-    code = [x for x in u if x["id"].startswith("unseen/code/")]
-    assert len(code) == 32 and all(x["id"].split("/")[2] in UNSEEN_PACKAGES for x in code)
     train = {x["prompt"] for x in code_prompts("train", None)} | {x["prompt"] for x in math_prompts("train", 5000)}
-    assert not any(x["prompt"] in train for x in u)
-    math = [x for x in u if x["id"].startswith("unseen/math/")]
-    assert len(math) == 16 and all(x["prompt"].startswith("Question: ") and x["prompt"].endswith("\nAnswer:")
-                                   for x in math)
+    sets = {}
+    for name, packages, n_code, n_math in [("unseen", UNSEEN_PACKAGES, 32, 16), ("fresh", FRESH_PACKAGES, 40, 20)]:
+        u = sets[name] = load_eval_set(name)
+        code = [x for x in u if x["id"].startswith(f"{name}/code/")]
+        assert len(code) == n_code and all(x["id"].split("/")[2] in packages for x in code)
+        assert not any(x["prompt"] in train for x in u)
+        math = [x for x in u if x["id"].startswith(f"{name}/math/")]
+        assert len(math) == n_math and all(x["prompt"].startswith("Question: ")
+                                           and x["prompt"].endswith("\nAnswer:") for x in math)
+    assert not set(UNSEEN_PACKAGES) & set(FRESH_PACKAGES)
+    assert not {x["prompt"] for x in sets["unseen"]} & {x["prompt"] for x in sets["fresh"]}
 
 
-def test_regenerating_from_the_unseen_set_is_refused(tmp_path, capsys):
+@pytest.mark.parametrize("name", ["unseen", "fresh"])
+def test_regenerating_from_an_outside_set_is_refused(tmp_path, capsys, name):
     from domino_lab.errors import run_cli
     from domino_lab.regenerate import main
 
     with pytest.raises(SystemExit) as e:
-        run_cli(main, ["--prompts", "unseen", "--out", str(tmp_path / "r")])
+        run_cli(main, ["--prompts", name, "--out", str(tmp_path / "r")])
     assert e.value.code == 2 and "evaluation ground" in capsys.readouterr().err
     assert not (tmp_path / "r").exists()
 

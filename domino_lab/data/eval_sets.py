@@ -32,12 +32,19 @@ from typing import Iterable, Iterator
 
 from domino_lab.errors import UserError, run_cli
 
-EVAL_SETS = ("humaneval", "math", "code", "unseen")
+EVAL_SETS = ("humaneval", "math", "code", "unseen", "fresh")
 # `unseen`: prompts from outside the project's corpora, the closest stand-in for a user's own prompts. Code: function
 # headers from third-party packages installed with the project (site-packages, which the code corpus excludes);
 # math: hand-written word problems (data/word_problems.py). The code half follows the installed versions.
 UNSEEN_PACKAGES = ("click", "jinja2", "packaging", "rich", "tqdm", "yaml")
 UNSEEN_CODE_N = 32
+# `fresh`: a second set built the same way from other packages and other word problems, made after the shipped
+# drafters and every decoding default had been chosen, so no choice was ever tuned on it (`unseen` was looked at
+# while picking options such as the lookup length). Its packages come with the project's dependencies.
+FRESH_PACKAGES = ("sqlalchemy", "httpx", "pydantic", "markdown_it", "pygments", "attr", "networkx", "werkzeug",
+                  "flask", "requests", "starlette", "dateutil")
+FRESH_CODE_N = 40
+OUTSIDE_SETS = ("unseen", "fresh")    # evaluation ground only: never regenerated from, never trained on
 EVAL_SET_SIZE = 128  # math and code; humaneval is fixed at its 164 problems
 # ~800 chars is ~210 tokens of stdlib code with the default BPE (95% under 250), so prompt plus a
 # 256-token response stays inside the 512-token windows the embedded target was trained on.
@@ -65,6 +72,8 @@ def load_eval_set(name_or_path: str, limit: int | None = None, cache_dir=None) -
         items = list(_heldout_code_prompts(str(cache_dir) if cache_dir else None))
     elif name == "unseen":
         items = unseen_prompts()
+    elif name == "fresh":
+        items = fresh_prompts()
     else:
         path = Path(name).expanduser()
         if not path.is_file():
@@ -93,12 +102,27 @@ def humaneval_prompts() -> list[dict]:
 def unseen_prompts() -> list[dict]:
     """The `unseen` set: UNSEEN_CODE_N function headers from UNSEEN_PACKAGES and the hand-written word problems in
     the math prompt format, interleaved. Packages that are not installed are skipped."""
-    import importlib.util
-
     from domino_lab.data.word_problems import WORD_PROBLEMS
 
+    return outside_prompts("unseen", UNSEEN_PACKAGES, UNSEEN_CODE_N, WORD_PROBLEMS)
+
+
+def fresh_prompts() -> list[dict]:
+    """The `fresh` set: FRESH_CODE_N function headers from FRESH_PACKAGES and the word problems written with them,
+    interleaved like `unseen`."""
+    from domino_lab.data.word_problems import FRESH_WORD_PROBLEMS
+
+    return outside_prompts("fresh", FRESH_PACKAGES, FRESH_CODE_N, FRESH_WORD_PROBLEMS)
+
+
+def outside_prompts(name: str, packages: Iterable[str], n_code: int, problems: Iterable[str]) -> list[dict]:
+    """Prompts from outside every training corpus: `n_code` function headers from the installed `packages`
+    (site-packages, which the code corpus excludes; missing packages are skipped) and `problems` in the math
+    prompt format, ids `<name>/code/...` and `<name>/math/<i>`."""
+    import importlib.util
+
     def files():
-        for pkg in UNSEEN_PACKAGES:
+        for pkg in packages:
             spec = importlib.util.find_spec(pkg)
             if spec is None or not spec.submodule_search_locations:
                 continue
@@ -106,8 +130,8 @@ def unseen_prompts() -> list[dict]:
             for f in sorted(root.rglob("*.py")):
                 yield f"{pkg}/{f.relative_to(root).as_posix()}", f.read_text(encoding="utf-8", errors="replace")
 
-    code = [dict(x, id="unseen/" + x["id"]) for x in function_header_prompts(files(), UNSEEN_CODE_N)]
-    math = [{"id": f"unseen/math/{i}", "prompt": f"Question: {q}\nAnswer:"} for i, q in enumerate(WORD_PROBLEMS)]
+    code = [dict(x, id=f"{name}/" + x["id"]) for x in function_header_prompts(files(), n_code)]
+    math = [{"id": f"{name}/math/{i}", "prompt": f"Question: {q}\nAnswer:"} for i, q in enumerate(problems)]
     # two code prompts, then one word problem, and so on: any first-N slice (`--limit`) holds both kinds
     out = []
     while code or math:
