@@ -301,6 +301,19 @@ def _split_lines(text: str) -> list[str]:
     return io.StringIO(text, newline="").readlines()
 
 
+def _defs(tree: ast.AST) -> Iterator[ast.FunctionDef | ast.AsyncFunctionDef]:
+    """Every (async) function definition in `tree`, nested ones included. Definitions are statements and no
+    expression holds a statement, so expressions are not descended into: they are most of a file's nodes and
+    `ast.walk` over all of them took half of an eval set's build. (The order differs from `ast.walk`'s;
+    callers rank candidates by id.)"""
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            yield node
+        stack.extend(c for c in ast.iter_child_nodes(node) if not isinstance(c, ast.expr))
+
+
 def _function_headers(text: str, max_chars: int) -> Iterator[tuple[int, str]]:
     """(line number of `def`, prompt) for each usable function in one source file."""
     try:
@@ -314,9 +327,7 @@ def _function_headers(text: str, max_chars: int) -> Iterator[tuple[int, str]]:
     for ln in lines:
         offsets.append(offsets[-1] + len(ln))
 
-    for node in ast.walk(tree):
-        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            continue
+    for node in _defs(tree):
         body = node.body
         if body[0].lineno == node.lineno:
             continue  # `def f(): return x` — no separate body to continue into
