@@ -26,7 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("overrides", nargs="*", help="key=value applied to every training run after the spec's own, e.g. "
                                                 "target=Qwen/Qwen3-8B data.path=runs/regenerated/qwen3-8b")
     r.add_argument("--quick", action="store_true",
-                   help="a few training steps, 2 prompts x 16 tokens: checks the whole path in minutes")
+                   help="a few training steps, 2 prompts x 8 tokens: checks the whole path in minutes")
     r.add_argument("--out-dir", help="where NAME.md/.json go (default experiments/results; --quick: "
                                      "<runs-dir>/results)")
     r.add_argument("--runs-dir", help="trained drafters, shared by experiments, with their training data and MLflow "

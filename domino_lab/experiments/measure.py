@@ -7,7 +7,7 @@ import sys
 from .spec import ExperimentSpec, Variant
 from .training import TrainedRun
 
-QUICK_EVAL = {"limit": 2, "max_new_tokens": 16}
+QUICK_EVAL = {"limit": 2, "max_new_tokens": 8}
 
 
 def load_variant(v: Variant, run: TrainedRun, target, cache: dict):
