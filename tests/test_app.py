@@ -83,6 +83,15 @@ def _spans_concat(rec: dict) -> list[int]:
 
 
 # ---------------------------------------------------------------------------------------------- decode
+def test_example_prompts_cover_every_kind_of_eval_set():
+    """The Decode tab's examples include a prompt from outside every training corpus, not only held-out ones."""
+    from app.ui import example_prompts
+
+    examples = example_prompts(per_set=1)
+    assert [e["id"].split("/")[0] for e in examples] == ["math", "HumanEval", "code", "unseen"]
+    assert all(e["prompt"].strip() for e in examples)
+
+
 def test_streamed_decode_spans_equal_plain_greedy(app, client):
     job = client.submit(*_decode_args(app["prompt"]), api_name="/decode")
     final = job.result(timeout=120)
