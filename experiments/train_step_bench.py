@@ -1,6 +1,7 @@
-"""What offline target features buy: one drafter training step (forward, loss, backward, optimiser step) with the
-target's features computed inside the step (online) vs read from the memory-mapped cache (offline), same batches,
-interleaved rounds, median wall time per step.
+"""What a drafter training step (forward, loss, backward, optimiser step) costs: with the target's features
+computed inside the step (online) or read from the memory-mapped cache (offline), and in float32 or under bf16
+autocast (`precision=bf16-mixed`: what Lightning's mixed precision does, the target outside it as in training);
+same batches, interleaved rounds, median wall time per step.
 
     python -m domino_lab.regenerate --target default --out runs/regenerated/bench-200 --n-math 100 --n-code 100
     python experiments/train_step_bench.py --data runs/regenerated/bench-200 --out experiments/results/train_step.md
@@ -8,6 +9,7 @@ interleaved rounds, median wall time per step.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import platform
 import statistics
 import sys
@@ -34,10 +36,12 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=8, help="timed steps per mode per round")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--precisions", nargs="+", default=["32-true", "bf16-mixed"], choices=["32-true", "bf16-mixed"])
     p.add_argument("--out", default=None, help="markdown result (default: print only)")
-    a = p.parse_args(argv)
+    p.add_argument("overrides", nargs="*", help="key=value recipe overrides, as for domino_lab.train")
+    a = p.parse_intermixed_args(argv)
     torch.set_num_threads(a.threads)
-    over = [f"data.path={a.data}"] + ([f"data.features_dir={a.features_dir}"] if a.features_dir else [])
+    over = [f"data.path={a.data}"] + ([f"data.features_dir={a.features_dir}"] if a.features_dir else []) + a.overrides
     cfg = load_config(TrainConfig, a.config, over)
     target = Target.from_pretrained(cfg.target, dtype=cfg.dtype)
     dcfg = drafter_config(cfg.drafter, target)
@@ -54,37 +58,43 @@ def main(argv=None) -> int:
     opt = torch.optim.AdamW(module.drafter.parameters(), lr=1e-4)
     gamma = module.gamma
 
-    def step(batch):
-        bb = module._blocks(batch, cfg.loss.prefix_mode)
-        loss = 0.5 * weighted_ce(bb.logits_base, bb.labels, bb.valid, gamma) + \
-            0.5 * weighted_ce(bb.logits_final, bb.labels, bb.valid, gamma)
+    def step(batch, precision):
+        mixed = torch.autocast("cpu", dtype=torch.bfloat16) if precision == "bf16-mixed" else contextlib.nullcontext()
+        with mixed:
+            bb = module._blocks(batch, cfg.loss.prefix_mode)
+            loss = 0.5 * weighted_ce(bb.logits_base, bb.labels, bb.valid, gamma) + \
+                0.5 * weighted_ce(bb.logits_final, bb.labels, bb.valid, gamma)
         opt.zero_grad()
         loss.backward()
         opt.step()
 
-    times = {"online": [], "offline": []}
-    for b in online[:2] + offline[:2]:          # warm-up
-        step(b)
+    batches = {"online": online, "offline": offline}
+    modes = [(f, pr) for pr in a.precisions for f in ("online", "offline")]
+    times = {m: [] for m in modes}
+    for f, pr in modes:                          # warm-up
+        for b in batches[f][:2]:
+            step(b, pr)
     for r in range(a.rounds):
-        for mode in (["online", "offline"] if r % 2 == 0 else ["offline", "online"]):
-            for b in (online if mode == "online" else offline):
+        for f, pr in (modes if r % 2 == 0 else modes[::-1]):
+            for b in batches[f]:
                 t = time.perf_counter()
-                step(b)
-                times[mode].append(time.perf_counter() - t)
+                step(b, pr)
+                times[(f, pr)].append(time.perf_counter() - t)
     med = {m: 1000 * statistics.median(v) for m, v in times.items()}
+    ref = med[("offline", a.precisions[0])]
     tokens = sum(len(r["input_ids"]) for r in dm.train_rows + dm.val_rows)
     size_mb = sum(f.stat().st_size for f in cache.path.glob("*.safetensors")) / 2**20
     cmd = "python experiments/train_step_bench.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    where = {"online": "online (the target's decoder inside every step)", "offline": "offline (memory-mapped fp16 cache)"}
     lines = [
-        "# Offline target features: training step time", "",
+        "# Drafter training step time: offline target features, mixed precision", "",
         f"`{cmd}`", "",
         f"Machine: {platform.machine()}, {a.threads} torch threads, torch {torch.__version__}, "
         f"{time.strftime('%Y-%m-%d')}. Recipe `{a.config}` (batch {cfg.data.batch_size} × ≤ {cfg.data.max_length} "
         f"tokens, {cfg.loss.num_anchors} anchors, taps {dcfg.target_layer_ids}); {a.rounds} interleaved rounds × "
         f"{a.steps} steps per mode, median.", "",
-        "| features | ms per step | × offline |", "|---|---|---|",
-        f"| online (the target's decoder inside every step) | {med['online']:.1f} | {med['online'] / med['offline']:.2f}× |",
-        f"| offline (memory-mapped fp16 cache) | {med['offline']:.1f} | 1.00× |", "",
+        "| features | precision | ms per step | × offline " + a.precisions[0] + " |", "|---|---|---|---|",
+        *[f"| {where[f]} | {pr} | {med[(f, pr)]:.1f} | {med[(f, pr)] / ref:.2f}× |" for f, pr in modes], "",
         f"Cache: {len(cache)} sequences, {tokens:,} tokens, {size_mb:.0f} MB on disk "
         f"({2 * cache.width} bytes per token), built in {build_s:.1f} s (0 s when it already existed).",
     ]

@@ -175,3 +175,26 @@ def test_engine_overhead_pairs_bare_and_engine_per_prompt():
         assert ratio == pytest.approx(rows["engine_step"][i] / rows["bare_step_mean"][i])
     md = mod.report({"argv": [], "machine": "x", "date": "d", "prompts": 1, "policies": {"default": res}}, args, "")
     assert "| paired |" in md and f"{res['median_ms']['engine_step_paired']:.2f}×" in md
+
+
+def test_train_step_bench_times_every_mode(tmp_path):
+    """The training-step benchmark runs each (features, precision) mode on the same batches and reports them all."""
+    import importlib.util
+
+    from core_helpers import make_regenerated
+
+    tdir, data = make_regenerated(tmp_path / "tiny", n_prompts=16, max_new_tokens=24)
+    path = Path(__file__).resolve().parents[1] / "experiments" / "train_step_bench.py"
+    spec = importlib.util.spec_from_file_location("train_step_bench", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    out = tmp_path / "step.md"
+    assert mod.main(["--data", data, "--features-dir", str(tmp_path / "feats"), "--steps", "2", "--rounds", "2",
+                     "--threads", "1", "--out", str(out), f"target={tdir}", "drafter.gru_hidden=16",
+                     "drafter.rank=8", "loss.num_anchors=8"]) == 0
+    rows = [r for r in out.read_text().splitlines() if r.startswith("| o")]
+    assert [tuple(c.strip() for c in r.split("|")[1:3]) for r in rows] == [
+        ("online (the target's decoder inside every step)", "32-true"), ("offline (memory-mapped fp16 cache)", "32-true"),
+        ("online (the target's decoder inside every step)", "bf16-mixed"),
+        ("offline (memory-mapped fp16 cache)", "bf16-mixed")]
+    assert all(float(r.split("|")[3]) > 0 for r in rows)

@@ -345,7 +345,7 @@ def test_out_of_range_values_fail_before_training(tiny, tmp_path, capsys):
                           ("max_steps=-1", "max_steps"), ("checkpoint_every_n_steps=0", "checkpoint_every_n_steps"),
                           ("optim.lr=0", "optim.lr"), ("seed=-1", "seed"), (f"seed={2**70}", "seed"),
                           ("data.val_fraction=1.5", "data.val_fraction"), ("loss.prefix_mode=tf", "loss.prefix_mode"),
-                          ("tracking_uri=bogus://x", "tracking URI")):
+                          ("tracking_uri=bogus://x", "tracking URI"), ("precision=half", "precision")):
         with pytest.raises(UserError, match=key.replace(".", r"\.")):
             load_config(TrainConfig, None, [override])
         out = tmp_path / override.split("=")[0]
@@ -365,6 +365,39 @@ def test_two_process_ddp_on_cpu(tiny, tmp_path):
     assert q.returncode == 0, q.stderr[-3000:]
     assert json.loads((out / "result.json").read_text())["steps"] == 6
     assert "world_size: 2" in q.stderr or "distributed_backend=gloo" in q.stderr
+
+
+def test_bf16_mixed_training_on_cpu(tiny, tmp_path):
+    """precision=bf16-mixed on a CPU: the drafter trains under bf16 autocast and exports float32 weights, while the
+    target's features and the val τ decode stay at the target's own dtype (what the drafter reads when decoding)."""
+    from domino_lab.config import load_config
+    from domino_lab.target import Target
+    from domino_lab.train import train
+    from domino_lab.training.module import measure_tau
+    from safetensors.torch import load_file
+
+    target = Target.from_pretrained(tiny[0])
+    seen = []
+    features = target.features
+
+    def spy(ids, taps):
+        out = features(ids, taps)
+        seen.append((torch.is_autocast_enabled("cpu"), out.dtype))
+        return out
+
+    target.features = spy
+    cfg = load_config(TrainConfig, None, quick_args(tiny, tmp_path / "run", 4, every=4) + ["precision=bf16-mixed"])
+    res = train(cfg, target=target)
+    assert res["steps"] == 4 and res["best_tau"] >= 1.0
+    assert seen and all(s == (False, torch.float32) for s in seen), seen
+    weights = load_file(str(Path(res["final_dir"]) / "model.safetensors"))
+    assert {v.dtype for v in weights.values()} == {torch.float32}
+    trained = Drafter.from_pretrained(res["final_dir"], target)
+    prompts = [[3, 4, 5, 6], [7, 8, 9]]
+    plain = measure_tau(target, trained, prompts, 16)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        inside = measure_tau(target, trained, prompts, 16)
+    assert [p["tau"] for p in inside["per_prompt"]] == [p["tau"] for p in plain["per_prompt"]]
 
 
 # ---- warm start and head-only training ---------------------------------------------------------------

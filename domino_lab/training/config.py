@@ -98,6 +98,9 @@ class LossOptions:
 
 
 TRAIN_PARTS = ("all", "head")
+# Lightning's precision names this project trains with: mixed precision computes the drafter's matmuls in 16 bits
+# and keeps float32 weights and optimiser state (the target always runs at its own dtype: training/module.py)
+PRECISIONS = ("32-true", "bf16-mixed", "16-mixed", "64-true")
 
 
 @dataclass
@@ -170,6 +173,9 @@ class TrainConfig:
         check_int(self.num_nodes, "num_nodes", 1)
         if self.threads is not None:
             check_int(self.threads, "threads", 1)
+        if self.precision is not None and str(self.precision) not in PRECISIONS:
+            raise UserError(f"precision must be one of {list(PRECISIONS)} (or unset: bf16-mixed on a GPU, 32-true on "
+                            f"a CPU), got {self.precision!r}")
         d = self.data
         check_number(d.val_fraction, "data.val_fraction", 0.0, 1.0, high_open=True)
         check_int(d.max_length, "data.max_length", 2)

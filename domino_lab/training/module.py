@@ -60,7 +60,9 @@ class DrafterModule(pl.LightningModule):
         if feats is not None:       # offline: computed once by the target (data/features.py)
             feats = feats.to(self.target.dtype)
         else:
-            with torch.no_grad():
+            # the target computes at its own dtype even under mixed precision: the drafter must learn from the
+            # features it will read when decoding, not from a bf16 rendition of them
+            with torch.no_grad(), torch.autocast(ids.device.type, enabled=False):
                 feats = self.target.features(ids, self.drafter.config.target_layer_ids)
         anchors, keep = sample_anchors(lm, self.cfg.loss.num_anchors, self._anchor_gen)
         k = self.drafter.config.copy_ngram
@@ -195,16 +197,18 @@ def measure_tau(target, drafter, prompts: list[list[int]], max_new_tokens: int, 
     was_training = drafter.training
     drafter.eval()
     try:
-        if batch > 1 and drafter.supports_batched and len(prompts) > 1:
-            out = _measure_batched(target, drafter, prompts, max_new_tokens, batch)
-        else:
-            tally = StepTally(drafter.config.num_drafts)
-            per_prompt = []
-            for i, p in enumerate(prompts):
-                steps = speculative_generate(target, drafter, prompt_ids=p, max_new_tokens=max_new_tokens).steps
-                tally.add(steps)
-                per_prompt.append(_prompt_row(i, [s.acceptance_length for s in steps]))
-            out = tally.summary() | {"per_prompt": per_prompt}
+        # real decoding, at the target's and drafter's own dtypes, whatever precision the caller trains in
+        with torch.autocast(target.device.type, enabled=False):
+            if batch > 1 and drafter.supports_batched and len(prompts) > 1:
+                out = _measure_batched(target, drafter, prompts, max_new_tokens, batch)
+            else:
+                tally = StepTally(drafter.config.num_drafts)
+                per_prompt = []
+                for i, p in enumerate(prompts):
+                    steps = speculative_generate(target, drafter, prompt_ids=p, max_new_tokens=max_new_tokens).steps
+                    tally.add(steps)
+                    per_prompt.append(_prompt_row(i, [s.acceptance_length for s in steps]))
+                out = tally.summary() | {"per_prompt": per_prompt}
     finally:
         drafter.train(was_training)
     return out | {"tau": out["tau"] or 0.0, "draft_ms": out["draft_ms"] or 0.0, "verify_ms": out["verify_ms"] or 0.0}
