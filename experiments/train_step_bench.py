@@ -85,7 +85,8 @@ def main(argv=None) -> int:
     tokens = sum(len(r["input_ids"]) for r in dm.train_rows + dm.val_rows)
     size_mb = sum(f.stat().st_size for f in cache.path.glob("*.safetensors")) / 2**20
     cmd = "python experiments/train_step_bench.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    where = {"online": "online (the target's decoder inside every step)", "offline": "offline (memory-mapped fp16 cache)"}
+    where = {"online": "online (the target's decoder inside every step)",
+             "offline": "offline (memory-mapped fp16 cache)"}
     lines = [
         "# Drafter training step time: offline target features, mixed precision", "",
         f"`{cmd}`", "",

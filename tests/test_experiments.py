@@ -193,8 +193,7 @@ def test_train_step_bench_times_every_mode(tmp_path):
                      "--threads", "1", "--out", str(out), f"target={tdir}", "drafter.gru_hidden=16",
                      "drafter.rank=8", "loss.num_anchors=8"]) == 0
     rows = [r for r in out.read_text().splitlines() if r.startswith("| o")]
+    online, offline = "online (the target's decoder inside every step)", "offline (memory-mapped fp16 cache)"
     assert [tuple(c.strip() for c in r.split("|")[1:3]) for r in rows] == [
-        ("online (the target's decoder inside every step)", "32-true"), ("offline (memory-mapped fp16 cache)", "32-true"),
-        ("online (the target's decoder inside every step)", "bf16-mixed"),
-        ("offline (memory-mapped fp16 cache)", "bf16-mixed")]
+        (online, "32-true"), (offline, "32-true"), (online, "bf16-mixed"), (offline, "bf16-mixed")]
     assert all(float(r.split("|")[3]) > 0 for r in rows)
