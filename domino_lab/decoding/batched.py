@@ -14,12 +14,12 @@ import time
 from dataclasses import dataclass, field
 
 import torch
-from transformers import DynamicCache
 
 from .. import sampling
 from ..errors import UserError
 from ..models.options import BATCH_DRAFTS
 from .adaptive import DraftCount
+from .kv_cache import new_cache
 from .lookup import copy_index, copy_inputs, draft_lookup
 
 
@@ -78,7 +78,7 @@ def batched_generate(target, drafter, prompts_ids: list[list[int]], max_new_toke
     for r, p in enumerate(prompts_ids):
         ids[r, width - len(p):] = torch.tensor(p, device=dev)
     pos = (valid.long().cumsum(-1) - 1).clamp(min=0)
-    cache = DynamicCache(config=target.model.config)
+    cache = new_cache(target.model.config)
     out = target.forward(ids, cache=cache, taps=taps, attention_mask=valid.long(), position_ids=pos,
                          last_logits_only=True, greedy=True)
     anchor = out.tokens[:, -1]
@@ -95,7 +95,7 @@ def batched_generate(target, drafter, prompts_ids: list[list[int]], max_new_toke
     # target features not yet in the draft cache, as chunks (features [b, C, kH], validity and positions [b, C];
     # left pads get negative positions, masked anyway), one per step since the last draft, joined when one runs
     pending = [(out.features, valid, ar[None] - (width - lens)[:, None])] if taps is not None else []
-    draft_cache = DynamicCache() if drafter is not None else None
+    draft_cache = new_cache() if drafter is not None else None
     draft_valid = torch.zeros(b, 0, dtype=torch.bool, device=dev)
     lengths: list[list[int]] = [[] for _ in range(b)]
     steps, t_draft, t_verify = 0, 0.0, 0.0

@@ -11,13 +11,13 @@ import time
 from typing import Callable
 
 import torch
-from transformers import DynamicCache
 
 from ..errors import UserError
 from ..validation import check_seed
 from .records import GenerationResult, StepRecord
 from . import tree as trees
 from .adaptive import PlainFallback
+from .kv_cache import new_cache
 from .lookup import copy_index, copy_inputs, draft_lookup
 from .. import sampling
 
@@ -103,7 +103,7 @@ def speculative_generate(target, drafter=None, prompt: str | None = None, prompt
     eos = target.eos_token_ids
 
     t_start = time.perf_counter()
-    cache = DynamicCache(config=target.model.config)
+    cache = new_cache(target.model.config)
     out = target.forward(torch.tensor([ids], device=dev), cache=cache, taps=taps, last_logits_only=True,
                          greedy=greedy)
     first = out.tokens[:, -1] if greedy else sampling.sample_from(out.logits[:, -1], temperature, top_p, gen)[0]
@@ -112,7 +112,7 @@ def speculative_generate(target, drafter=None, prompt: str | None = None, prompt
     prefill_time = time.perf_counter() - t_start
     pending = out.features[0] if taps is not None else None     # context not yet in the draft cache
     pending_start = 0
-    draft_cache = DynamicCache() if drafter is not None else None
+    draft_cache = new_cache() if drafter is not None else None
     start = len(ids)                                             # position of the current anchor
     steps: list[StepRecord] = []
     stop = "eos" if tokens[-1] in eos else None

@@ -192,10 +192,12 @@ def compact_cache(cache, prefix: int, rows: list[int]) -> None:
     running the accepted drafts through the target again, costs a whole forward."""
     from transformers.cache_utils import DynamicLayer
 
+    from .kv_cache import GrowingLayer
+
     keep = len(rows)
     contiguous = rows == list(range(keep))
     for layer in cache.layers:
-        if type(layer) is not DynamicLayer:     # sliding windows / extra per-token state: gathering is not enough
+        if type(layer) not in (DynamicLayer, GrowingLayer):   # sliding windows / per-token state: gathering is not enough
             raise UserError("tree verification needs a target whose cache layers are plain (no sliding window or "
                             "other per-token state); use chain verification (tree nodes 0) with this target")
         if not layer.is_initialized:

@@ -10,13 +10,13 @@ import torch
 def cached_step(d, ctx: int, g: torch.Generator, new: int = 2):
     """A decoding-like draft step: `ctx` positions already in the draft cache, `new` committed positions' features
     appended (as after a step that accepted new-1 drafts), then removed again so every call sees the same state."""
-    from transformers import DynamicCache
+    from ..decoding.kv_cache import new_cache
 
     cfg = d.config
     feats = torch.randn(1, ctx, len(cfg.target_layer_ids) * cfg.hidden_size, generator=g).to(d.target.dtype)
     anchor = torch.randint(0, cfg.vocab_size - 1, (1,), generator=g)
     ids = torch.randint(0, cfg.vocab_size - 1, (1, ctx), generator=g)
-    cache = DynamicCache()
+    cache = new_cache()
     d.draft(feats[:, : ctx - new], 0, anchor, ctx - new, cache, ctx_ids=ids[:, : ctx - new])
 
     def step():
@@ -71,8 +71,7 @@ def step_costs(target, d, ctx: int = 128, reps: int = 10, rounds: int = 3) -> di
 
     Returns {"draft_ms", "verify_ms", "step_ms", "threads"}: speedup_bound(τ, step_ms, draft_ms, verify_ms) is the
     cost model's speedup at acceptance τ."""
-    from transformers import DynamicCache
-
+    from ..decoding.kv_cache import new_cache
     from ..target import decode_threads, torch_threads
 
     g = torch.Generator().manual_seed(0)
@@ -80,7 +79,7 @@ def step_costs(target, d, ctx: int = 128, reps: int = 10, rounds: int = 3) -> di
     k = d.config.num_drafts + 1
     dev = target.device
     with torch_threads(decode_threads(target)) as threads, torch.no_grad():
-        cache = DynamicCache(config=target.model.config)
+        cache = new_cache(target.model.config)
         target.forward(torch.randint(0, target.vocab_size, (1, ctx), generator=g).to(dev), cache=cache, taps=taps,
                        last_logits_only=True)
 

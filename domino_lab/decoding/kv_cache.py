@@ -1,0 +1,98 @@
+"""The decoders' K/V caches: Hugging Face's `DynamicCache`, with its plain full-attention layers writing into a
+preallocated buffer instead of concatenating.
+
+A `DynamicLayer` appends a step's keys and values with `torch.cat`, which copies the whole cache every forward. At
+batch 1 on the embedded target that copy is a few hundred kilobytes and costs nothing measurable; at batch 16 it is
+megabytes per step, ~15% of a batched decode's time. `GrowingLayer` keeps each layer's keys and values in a buffer
+with spare room and hands attention a view of its filled prefix, so a step copies only its own new positions; the
+buffer grows geometrically when it fills (docs/design.md#kv-cache has the measurements).
+
+Everything the decoders do to a cache keeps working unchanged, because the layer never trusts that its `keys` are
+still its buffer: `crop` (inherited) narrows the view, tree compaction writes into the view in place, and
+`batch_select_indices` (inherited) replaces it with a new tensor; `update` writes in place only while `keys` is a
+prefix view of the buffer with room left, and otherwise copies the current contents into a fresh buffer first.
+Sliding-window and other special layers of a model's config are left as Hugging Face builds them.
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import torch
+from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
+
+KINDS = ("growing", "dynamic")
+_kind = "growing"
+MIN_ROOM = 64          # spare positions at least, so a batch-1 decode reallocates every 64 tokens at most
+
+
+class GrowingLayer(DynamicLayer):
+    """A full-attention cache layer whose keys / values are views of a buffer with spare positions."""
+
+    _k: torch.Tensor | None = None
+    _v: torch.Tensor | None = None
+    _views: tuple | None = None         # the (keys, values) the last update returned, while nothing replaced them
+
+    def _in_place(self, new: int) -> bool:
+        """Whether `keys` / `values` are still the filled prefix of the buffers, with room for `new` positions."""
+        k, v, bk, bv = self.keys, self.values, self._k, self._v
+        if bk is None or k.shape[-2] + new > bk.shape[-2]:
+            return False
+        if self._views is not None and k is self._views[0] and v is self._views[1]:
+            return True                 # the common case, one identity test: the views of the last update
+        return (k.numel() > 0 and k.data_ptr() == bk.data_ptr() and v.data_ptr() == bv.data_ptr()
+                and k.shape[:-2] == bk.shape[:-2] and k.stride() == bk.stride() and v.stride() == bv.stride())
+
+    def _reallocate(self, keys: torch.Tensor, values: torch.Tensor, new: int) -> None:
+        """Fresh buffers holding `keys` / `values` (the current contents, possibly empty) with room for `new` more."""
+        n = keys.shape[-2]
+        room = max(MIN_ROOM, (n + new) // 2)            # 1.5x: the buffers never hold more than ~1.5x their use
+        self._k = keys.new_empty(*keys.shape[:-2], n + new + room, keys.shape[-1])
+        self._v = values.new_empty(*values.shape[:-2], n + new + room, values.shape[-1])
+        self._k.narrow(-2, 0, n).copy_(keys)
+        self._v.narrow(-2, 0, n).copy_(values)
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        new = key_states.shape[-2]
+        if not self._in_place(new):
+            empty = self.keys.numel() == 0
+            self._reallocate(key_states.narrow(-2, 0, 0) if empty else self.keys,
+                             value_states.narrow(-2, 0, 0) if empty else self.values, new)
+        n = self.keys.shape[-2] if self.keys.numel() else 0
+        self._k.narrow(-2, n, new).copy_(key_states)
+        self._v.narrow(-2, n, new).copy_(value_states)
+        self.keys, self.values = self._views = (self._k.narrow(-2, 0, n + new), self._v.narrow(-2, 0, n + new))
+        return self._views
+
+    def reset(self) -> None:
+        self._k = self._v = self._views = None
+        super().reset()
+
+
+def new_cache(config=None) -> DynamicCache:
+    """A cache for a decode: the model's layers from its config (None: plain layers added as they are used, as
+    `DynamicCache()` does), the plain ones growing in place unless `kind("dynamic")` is in effect."""
+    cache = DynamicCache(config=config) if config is not None else DynamicCache()
+    if _kind == "growing":
+        if config is None:
+            cache.layer_class_to_replicate = GrowingLayer
+        else:
+            cache.layers = [GrowingLayer() if type(layer) is DynamicLayer else layer for layer in cache.layers]
+    return cache
+
+
+@contextmanager
+def kind(name: str):
+    """Decode with another cache layer inside the block ("growing", the default, or "dynamic": Hugging Face's
+    concatenating layer), e.g. to measure one against the other."""
+    global _kind
+    if name not in KINDS:
+        raise ValueError(f"unknown K/V cache kind {name!r}; use one of {list(KINDS)}")
+    old, _kind = _kind, name
+    try:
+        yield
+    finally:
+        _kind = old

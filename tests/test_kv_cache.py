@@ -1,0 +1,152 @@
+"""The decoders' growing K/V cache: the same contents as Hugging Face's DynamicCache under every operation the
+decoders apply, written in place while there is room, and the same decoded tokens and steps."""
+import random
+
+import pytest
+import torch
+from transformers import DynamicCache, Qwen3Config
+from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
+
+from domino_lab.decoding import kv_cache
+from domino_lab.decoding import tree as trees
+from domino_lab.decoding.batched import batched_generate
+from domino_lab.errors import UserError
+
+
+def _same(a, b):
+    assert a.get_seq_length() == b.get_seq_length()
+    for la, lb in zip(a.layers, b.layers):
+        assert torch.equal(la.keys, lb.keys) and torch.equal(la.values, lb.values)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_growing_layer_matches_dynamic_cache_under_every_operation(seed):
+    """Random updates, crops, tree compactions and batch selections, applied to both caches: equal contents (and
+    equal tensors returned to attention) after every operation."""
+    rng = random.Random(seed)
+    g = torch.Generator().manual_seed(seed)
+    ours, ref = kv_cache.new_cache(), DynamicCache()
+    batch = 5
+    for _ in range(120):
+        n = ref.get_seq_length()
+        op = rng.choice(["update"] * 4 + ["crop", "compact", "select"])
+        if op == "update" or n == 0:
+            q = rng.choice([1, 1, 2, 9, 33, 70])
+            for layer in range(2):
+                k, v = torch.randn(2, batch, 2, q, 4, generator=g)
+                got, want = ours.update(k, v, layer), ref.update(k.clone(), v.clone(), layer)
+                assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+        elif op == "crop":
+            cut = rng.randint(1, n)
+            ours.crop(-cut), ref.crop(-cut)
+        elif op == "compact":
+            prefix = rng.randint(0, n - 1)
+            rows = sorted(rng.sample(range(n - prefix), rng.randint(1, n - prefix)))
+            trees.compact_cache(ours, prefix, rows), trees.compact_cache(ref, prefix, rows)
+        elif batch > 1:
+            # rows that finish leave the batch; a reordering keeps the shape but not the contents
+            sel = torch.tensor(rng.sample(range(batch), rng.choice([batch, rng.randint(1, batch)])))
+            batch = len(sel)
+            ours.batch_select_indices(sel), ref.batch_select_indices(sel)
+        _same(ours, ref)
+    assert all(type(layer) is kv_cache.GrowingLayer for layer in ours.layers)
+
+
+def test_growing_layer_writes_in_place_until_it_is_full():
+    cache = kv_cache.new_cache()
+    k = torch.zeros(1, 2, 10, 4)
+    cache.update(k, k, 0)
+    layer = cache.layers[0]
+    buf, room = layer._k.data_ptr(), layer._k.shape[-2]
+    assert room >= 10 + kv_cache.MIN_ROOM
+    for _ in range(room - 10):                      # one-token steps fill the buffer without a new allocation
+        cache.update(torch.ones(1, 2, 1, 4), torch.ones(1, 2, 1, 4), 0)
+        assert layer._k.data_ptr() == buf
+    cache.crop(-5)                                  # a crop narrows the view: the next step writes in place
+    cache.update(torch.ones(1, 2, 3, 4), torch.ones(1, 2, 3, 4), 0)
+    assert layer._k.data_ptr() == buf and cache.get_seq_length() == room - 2
+    cache.update(torch.ones(1, 2, 3, 4), torch.ones(1, 2, 3, 4), 0)      # full: a larger buffer, contents kept
+    assert layer._k.data_ptr() != buf and layer._k.shape[-2] > room
+    assert cache.get_seq_length() == room + 1 and layer.keys[..., :10, :].abs().sum() == 0
+    cache.reset()
+    assert cache.get_seq_length() == 0
+
+
+def test_special_layers_stay_hugging_faces_and_trees_refuse_them():
+    cfg = Qwen3Config(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                      num_attention_heads=2, num_key_value_heads=1, head_dim=8, use_sliding_window=True,
+                      sliding_window=4, layer_types=["sliding_attention", "full_attention"])
+    cache = kv_cache.new_cache(cfg)
+    assert [type(x) for x in cache.layers] == [DynamicSlidingWindowLayer, kv_cache.GrowingLayer]
+    with kv_cache.kind("dynamic"):
+        assert [type(x) for x in kv_cache.new_cache(cfg).layers] == [DynamicSlidingWindowLayer, DynamicLayer]
+    assert type(kv_cache.new_cache(cfg).layers[1]) is kv_cache.GrowingLayer      # the default is back
+    k = torch.zeros(1, 1, 3, 8)
+    for i in range(2):
+        cache.update(k, k, i)
+    with pytest.raises(UserError, match="sliding window"):
+        trees.compact_cache(cache, 1, [0, 1])
+    with pytest.raises(ValueError, match="growing"):
+        with kv_cache.kind("static"):
+            pass
+
+
+@pytest.fixture(scope="module")
+def shipped():
+    from domino_lab.data.eval_sets import load_eval_set
+    from domino_lab.models import load_drafter
+    from domino_lab.target import Target
+
+    target = Target.from_pretrained("default")
+    prompts = [target.encode(p["prompt"]) for s in ("math", "humaneval") for p in load_eval_set(s, limit=2)]
+    return target, load_drafter("default", target), prompts
+
+
+def _decode(target, drafter, prompts):
+    from domino_lab import speculative_generate
+
+    out = []
+    for p in prompts:
+        for nodes in (0, 16):
+            res = speculative_generate(target, drafter, prompt_ids=p, max_new_tokens=40, tree_nodes=nodes)
+            out.append((res.token_ids, [s.accepted for s in res.steps]))
+    res = batched_generate(target, drafter, prompts, max_new_tokens=40, drafts="all")
+    return out + [(res.token_ids, res.acceptance_lengths)]
+
+
+def test_decoding_with_either_cache_is_identical(shipped):
+    """The shipped drafter on the embedded target: chains, trees and a batch decode the same tokens in the same
+    steps with the growing layer as with Hugging Face's."""
+    target, drafter, prompts = shipped
+    ours = _decode(target, drafter, prompts)
+    with kv_cache.kind("dynamic"):
+        ref = _decode(target, drafter, prompts)
+    assert ours == ref
+
+
+def test_kv_cache_experiment_reports_both_kinds(tmp_path):
+    """experiments/kv_cache.py decodes every configuration with both layers, checks they agree and writes the
+    table and the JSON; bad arguments get one error line and write nothing."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "experiments" / "kv_cache.py"
+    spec = importlib.util.spec_from_file_location("kv_cache_experiment", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    args = ["--sets", "math", "--limit", "2", "--engine-limit", "1", "--batch-sizes", "2", "--max-new-tokens", "8",
+            "--rounds", "1", "--threads", "1", "--out", str(tmp_path / "r")]
+    threads = torch.get_num_threads()
+    try:
+        assert mod.main(args) == 0
+    finally:
+        torch.set_num_threads(threads)          # the script sets the decoders' thread count for its process
+    rows = json.loads((tmp_path / "r" / "kv_cache.json").read_text())["rows"]
+    assert [(r["decoder"], r["batch"], r["method"]) for r in rows] == [
+        ("batched", 2, "ar"), ("batched", 2, "domino"), ("engine", 1, "ar"), ("engine", 1, "domino")]
+    assert all(r["identical"] and min(r["tokens_per_s"].values()) > 0 for r in rows)
+    assert "| math | batched | 2 | domino |" in (tmp_path / "r" / "kv_cache.md").read_text()
+    with pytest.raises(UserError, match="--rounds"):
+        mod.main(["--rounds", "0", "--out", str(tmp_path / "bad")])
+    assert not (tmp_path / "bad").exists()
