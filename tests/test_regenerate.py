@@ -316,3 +316,28 @@ def test_cli_bad_input_in_a_real_process_has_no_traceback(tmp_path):
     assert r.returncode == 2
     assert r.stderr.strip().splitlines() == [r.stderr.strip()] and r.stderr.startswith("error: ")
     assert "Traceback" not in r.stderr and not (tmp_path / "o").exists()
+
+
+def test_generation_uses_the_growing_cache_unless_the_model_asks_for_its_own(target, tmp_path, monkeypatch):
+    """Responses are generated through the decoders' in-place cache, with the same tokens as Hugging Face's own
+    cache; a model whose generation config names a cache implementation keeps it."""
+    from domino_lab.decoding import kv_cache
+
+    seen = []
+    generate = target.model.generate
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs.get("cache"))
+        return generate(*args, **kwargs)
+
+    monkeypatch.setattr(target.model, "generate", spy)
+    prompts = _prompts(8)
+    ours = regenerate(target, prompts, tmp_path / "g", max_new_tokens=16, batch_size=4, progress=False)
+    assert len(seen) == 2 and all(type(c.layers[0]) is kv_cache.GrowingLayer for c in seen)
+    with kv_cache.kind("dynamic"):
+        ref = regenerate(target, prompts, tmp_path / "d", max_new_tokens=16, batch_size=4, progress=False)
+    assert ours["input_ids"] == ref["input_ids"]
+    seen.clear()
+    monkeypatch.setattr(target.model.generation_config, "cache_implementation", "static")
+    regenerate(target, prompts[:2], tmp_path / "s", max_new_tokens=4, batch_size=2, progress=False)
+    assert seen == [None]
