@@ -72,6 +72,43 @@ def test_growing_layer_writes_in_place_until_it_is_full():
     assert cache.get_seq_length() == 0
 
 
+def test_a_capacity_hint_sizes_the_buffer_once():
+    cache = kv_cache.new_cache(capacity=40)
+    x = torch.zeros(2, 2, 10, 4)
+    cache.update(x, x, 0)
+    layer = cache.layers[0]
+    assert layer._k.shape[-2] == 40
+    buf = layer._k.data_ptr()
+    cache.update(torch.zeros(2, 2, 30, 4), torch.zeros(2, 2, 30, 4), 0)         # exactly full: same buffer
+    assert layer._k.data_ptr() == buf
+    cache.batch_select_indices(torch.tensor([1]))      # a new batch: a new buffer, at the hinted size again
+    cache.update(x[:1, :, :0], x[:1, :, :0], 0)
+    assert layer._k.shape[-2] == 40 and layer._k.shape[0] == 1
+    cache.update(torch.ones(1, 2, 1, 4), torch.ones(1, 2, 1, 4), 0)              # past the hint: it grows
+    assert layer._k.shape[-2] >= 41 + kv_cache.MIN_ROOM and cache.get_seq_length() == 41
+
+
+@pytest.mark.parametrize("nodes", [0, 16])
+def test_a_decode_allocates_each_buffer_once(shipped, monkeypatch, nodes):
+    """The engine's capacity hints cover the whole decode: every buffer is allocated at the hinted size, none grown
+    past it. (Batched decoding's hint covers a batch without holes; rejected slots that some row keeps can take a
+    cache past it, and the buffer grows then.)"""
+    from domino_lab import speculative_generate
+
+    target, drafter, prompts = shipped
+    grown = []
+    reallocate = kv_cache.GrowingLayer._reallocate
+
+    def spy(self, keys, values, new):
+        reallocate(self, keys, values, new)
+        grown.append(self._k.shape[-2] != self.capacity)   # a buffer past the hint (rows leaving a batch: at it)
+
+    monkeypatch.setattr(kv_cache.GrowingLayer, "_reallocate", spy)
+    for p in prompts:
+        speculative_generate(target, drafter, prompt_ids=p, max_new_tokens=60, tree_nodes=nodes)
+    assert grown and not any(grown)
+
+
 def test_special_layers_stay_hugging_faces_and_trees_refuse_them():
     cfg = Qwen3Config(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
                       num_attention_heads=2, num_key_value_heads=1, head_dim=8, use_sliding_window=True,

@@ -103,7 +103,10 @@ def speculative_generate(target, drafter=None, prompt: str | None = None, prompt
     eos = target.eos_token_ids
 
     t_start = time.perf_counter()
-    cache = new_cache(target.model.config)
+    # the most the caches hold: the prompt, the new tokens and one verify's drafts (the drafter's cache: its
+    # context and a block); a buffer of that size is allocated once (docs/design.md#kv-cache)
+    capacity = len(ids) + max_new_tokens + max(n_drafts, tree_nodes) + 1
+    cache = new_cache(target.model.config, capacity=capacity)
     out = target.forward(torch.tensor([ids], device=dev), cache=cache, taps=taps, last_logits_only=True,
                          greedy=greedy)
     first = out.tokens[:, -1] if greedy else sampling.sample_from(out.logits[:, -1], temperature, top_p, gen)[0]
@@ -112,7 +115,7 @@ def speculative_generate(target, drafter=None, prompt: str | None = None, prompt
     prefill_time = time.perf_counter() - t_start
     pending = out.features[0] if taps is not None else None     # context not yet in the draft cache
     pending_start = 0
-    draft_cache = new_cache() if drafter is not None else None
+    draft_cache = new_cache(capacity=capacity + drafter.config.block_size) if drafter is not None else None
     start = len(ids)                                             # position of the current anchor
     steps: list[StepRecord] = []
     stop = "eos" if tokens[-1] in eos else None

@@ -16,6 +16,7 @@ Sliding-window and other special layers of a model's config are left as Hugging 
 from __future__ import annotations
 
 from contextlib import contextmanager
+from functools import partial
 
 import torch
 from transformers import DynamicCache
@@ -27,11 +28,17 @@ MIN_ROOM = 64          # spare positions at least, so a batch-1 decode reallocat
 
 
 class GrowingLayer(DynamicLayer):
-    """A full-attention cache layer whose keys / values are views of a buffer with spare positions."""
+    """A full-attention cache layer whose keys / values are views of a buffer with spare positions. `capacity`:
+    the positions a decode expects to need (the prompt, the new tokens, one verify's drafts), so that its buffer is
+    allocated once at that size; beyond it, or without it, the buffer grows geometrically."""
 
     _k: torch.Tensor | None = None
     _v: torch.Tensor | None = None
     _views: tuple | None = None         # the (keys, values) the last update returned, while nothing replaced them
+
+    def __init__(self, capacity: int | None = None):
+        super().__init__()
+        self.capacity = capacity
 
     def _in_place(self, new: int) -> bool:
         """Whether `keys` / `values` are still the filled prefix of the buffers, with room for `new` positions."""
@@ -46,9 +53,11 @@ class GrowingLayer(DynamicLayer):
     def _reallocate(self, keys: torch.Tensor, values: torch.Tensor, new: int) -> None:
         """Fresh buffers holding `keys` / `values` (the current contents, possibly empty) with room for `new` more."""
         n = keys.shape[-2]
-        room = max(MIN_ROOM, (n + new) // 2)            # 1.5x: the buffers never hold more than ~1.5x their use
-        self._k = keys.new_empty(*keys.shape[:-2], n + new + room, keys.shape[-1])
-        self._v = values.new_empty(*values.shape[:-2], n + new + room, values.shape[-1])
+        need = n + new
+        # the expected size when it is known and enough; else 1.5x (never more than ~1.5x the positions in use)
+        size = self.capacity if self.capacity and need <= self.capacity else need + max(MIN_ROOM, need // 2)
+        self._k = keys.new_empty(*keys.shape[:-2], size, keys.shape[-1])
+        self._v = values.new_empty(*values.shape[:-2], size, values.shape[-1])
         self._k.narrow(-2, 0, n).copy_(keys)
         self._v.narrow(-2, 0, n).copy_(values)
 
@@ -72,15 +81,17 @@ class GrowingLayer(DynamicLayer):
         super().reset()
 
 
-def new_cache(config=None) -> DynamicCache:
+def new_cache(config=None, capacity: int | None = None) -> DynamicCache:
     """A cache for a decode: the model's layers from its config (None: plain layers added as they are used, as
-    `DynamicCache()` does), the plain ones growing in place unless `kind("dynamic")` is in effect."""
+    `DynamicCache()` does), the plain ones growing in place unless `kind("dynamic")` is in effect; `capacity`, the
+    positions the decode expects to hold (a hint: a buffer allocated at that size, grown past it if needed)."""
     cache = DynamicCache(config=config) if config is not None else DynamicCache()
     if _kind == "growing":
         if config is None:
-            cache.layer_class_to_replicate = GrowingLayer
+            cache.layer_class_to_replicate = partial(GrowingLayer, capacity)
         else:
-            cache.layers = [GrowingLayer() if type(layer) is DynamicLayer else layer for layer in cache.layers]
+            cache.layers = [GrowingLayer(capacity) if type(layer) is DynamicLayer else layer
+                            for layer in cache.layers]
     return cache
 
 
