@@ -90,9 +90,8 @@ def test_a_capacity_hint_sizes_the_buffer_once():
 
 @pytest.mark.parametrize("nodes", [0, 16])
 def test_a_decode_allocates_each_buffer_once(shipped, monkeypatch, nodes):
-    """The engine's capacity hints cover the whole decode: every buffer is allocated at the hinted size, none grown
-    past it. (Batched decoding's hint covers a batch without holes; rejected slots that some row keeps can take a
-    cache past it, and the buffer grows then.)"""
+    """The batch-1 engine's capacity hints cover the whole decode: every buffer is allocated at the hinted size,
+    none grown past it."""
     from domino_lab import speculative_generate
 
     target, drafter, prompts = shipped

@@ -78,10 +78,9 @@ def batched_generate(target, drafter, prompts_ids: list[list[int]], max_new_toke
     for r, p in enumerate(prompts_ids):
         ids[r, width - len(p):] = torch.tensor(p, device=dev)
     pos = (valid.long().cumsum(-1) - 1).clamp(min=0)
-    # what the caches hold if no slot turns into a hole: the widest prompt, the largest budget, one verify (holes
-    # that some row keeps take a cache past it, and its buffers grow then)
-    capacity = width + max(budget) + n_drafts + 1
-    cache = new_cache(target.model.config, capacity=capacity)
+    # no capacity hint: rejected slots that some row keeps stay as holes, so a batch's final cache length is not
+    # known (buffers sized for the no-hole case decoded no faster)
+    cache = new_cache(target.model.config)
     out = target.forward(ids, cache=cache, taps=taps, attention_mask=valid.long(), position_ids=pos,
                          last_logits_only=True, greedy=True)
     anchor = out.tokens[:, -1]
@@ -98,7 +97,7 @@ def batched_generate(target, drafter, prompts_ids: list[list[int]], max_new_toke
     # target features not yet in the draft cache, as chunks (features [b, C, kH], validity and positions [b, C];
     # left pads get negative positions, masked anyway), one per step since the last draft, joined when one runs
     pending = [(out.features, valid, ar[None] - (width - lens)[:, None])] if taps is not None else []
-    draft_cache = new_cache(capacity=capacity + drafter.config.block_size) if drafter is not None else None
+    draft_cache = new_cache() if drafter is not None else None
     draft_valid = torch.zeros(b, 0, dtype=torch.bool, device=dev)
     lengths: list[list[int]] = [[] for _ in range(b)]
     steps, t_draft, t_verify = 0, 0.0, 0.0

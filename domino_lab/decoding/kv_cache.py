@@ -5,8 +5,8 @@ A `DynamicLayer` appends a step's keys and values with `torch.cat`, which copies
 batch 1 on the embedded target that copy is a few hundred kilobytes and costs nothing measurable; at batch 16 it is
 megabytes per step, ~15% of a batched decode's time. `GrowingLayer` keeps each layer's keys and values in a buffer
 and hands attention a view of its filled prefix, so a step copies only its own new positions. The buffer is
-allocated once at the size the decode can reach (the decoders pass it as `capacity`) and grows geometrically past
-it or without it (docs/design.md#kv-cache has the measurements).
+allocated once at the size a decode can reach when the caller knows it (`capacity`: the batch-1 engine) and grows
+geometrically past it or without it (docs/design.md#kv-cache has the measurements).
 
 Everything the decoders do to a cache keeps working unchanged, because the layer never trusts that its `keys` are
 still its buffer: `crop` (inherited) narrows the view, tree compaction writes into the view in place, and
