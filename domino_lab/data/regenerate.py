@@ -233,7 +233,7 @@ def _generate_batch(model, prompt_ids: list[list[int]], pad_id: int, gen_kwargs:
         mask[i, width - len(p):] = 1
     extra = {}
     # the decoders' cache, whose layers write each step in place (docs/design.md#kv-cache): regeneration with the
-    # embedded target ~1.2x faster at batch 16, same tokens; a model that builds its own kind of cache keeps it
+    # embedded target 1.16x faster at batch 16, 1.27x at 64, same tokens; a model with its own kind of cache keeps it
     if getattr(model, "_supports_default_dynamic_cache", lambda: False)() and \
             getattr(model.generation_config, "cache_implementation", None) is None:
         extra["cache"] = new_cache(model.config.get_text_config(decoder=True))
