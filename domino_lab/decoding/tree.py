@@ -197,7 +197,8 @@ def compact_cache(cache, prefix: int, rows: list[int]) -> None:
     keep = len(rows)
     contiguous = rows == list(range(keep))
     for layer in cache.layers:
-        if type(layer) not in (DynamicLayer, GrowingLayer):   # sliding windows / per-token state: gathering is not enough
+        # sliding windows / extra per-token state: gathering is not enough
+        if type(layer) not in (DynamicLayer, GrowingLayer):
             raise UserError("tree verification needs a target whose cache layers are plain (no sliding window or "
                             "other per-token state); use chain verification (tree nodes 0) with this target")
         if not layer.is_initialized:
