@@ -133,7 +133,7 @@ def stream(catalog, req: Request, min_interval: float = 0.05, measure_plain: boo
     target = catalog.target(req.target)
     drafter = catalog.drafter(req.target, req.drafter, req.head_on, req.lookup, req.tree_min_prob, req.adaptive)
     if req.tree_nodes:
-        check_tree_mode(drafter, req.temperature)
+        check_tree_mode(drafter)
     snap = Snapshot(req.target)
     if drafter is None:
         snap.head = "plain"

@@ -105,7 +105,7 @@ def build_demo(catalog: Catalog, examples: list[dict] | None = None, stream_inte
                         head = gr.Checkbox(True, label="Domino head on (off = the same drafter as DFlash)")
                         block, temp, max_tokens, seed = _knobs()
                         tree_n = gr.Slider(0, MAX_TREE_NODES, value=0, step=1, elem_id="tree-nodes",
-                                           label="tree nodes (0 = chain; > 0 verifies a draft tree, greedy only)")
+                                           label="tree nodes (0 = chain; > 0 verifies a draft tree)")
                         tree_p = gr.Slider(0, 0.5, value=0, step=0.01, elem_id="tree-min-prob",
                                            label="tree min prob (0 = fill the node budget; > 0 keeps only nodes "
                                                  "the drafter gives at least this path probability)")

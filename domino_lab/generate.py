@@ -33,8 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
     from .models.options import add_inference_args
     add_inference_args(p, block_size=True)
     p.add_argument("--tree-nodes", type=int, default=0, metavar="N",
-                   help="verify a draft tree of N nodes per step instead of the chain (block drafters, greedy "
-                        "only; 0 = chain, the default)")
+                   help="verify a draft tree of N nodes per step instead of the chain (block drafters, any "
+                        "temperature; 0 = chain, the default)")
     p.add_argument("--steps", action="store_true", help="include per-step records in the JSON")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
     return p
@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     drafter = load_drafter(args.drafter, target, seed=args.seed, options=options)
     check_lookup_mode(drafter, options.lookup)
     if args.tree_nodes:
-        check_tree_mode(drafter, args.temperature)
+        check_tree_mode(drafter)
     for row, prompt_ids in zip(prompts, ids):
         res = speculative_generate(target, drafter, prompt_ids=prompt_ids, max_new_tokens=args.max_new_tokens,
                                    temperature=args.temperature, top_p=args.top_p, seed=args.seed,

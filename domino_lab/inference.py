@@ -36,7 +36,7 @@ class SpeculativeDecoder(pl.LightningModule):
 
         tree_nodes = check_tree_nodes(tree_nodes)
         if tree_nodes:               # a misfit fails here, before Lightning starts
-            check_tree_mode(drafter, temperature)
+            check_tree_mode(drafter)
         check_lookup_mode(drafter, drafter.options.lookup if drafter is not None else 0)
         self.gen = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, block_size=block_size,
                         tree_nodes=tree_nodes)
@@ -106,7 +106,7 @@ def main(argv=None) -> int:
     from .target import add_threads_arg
     add_threads_arg(p)
     p.add_argument("--tree-nodes", type=int, default=0, metavar="N",
-                   help="verify a draft tree of N nodes per step (block drafters, greedy only; 0 = chain)")
+                   help="verify a draft tree of N nodes per step (block drafters, any temperature; 0 = chain)")
     from .models.options import add_inference_args
     add_inference_args(p, block_size=True)
     args = p.parse_args(argv)

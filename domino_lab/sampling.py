@@ -1,6 +1,6 @@
-"""Sampling, the two verification rules (greedy longest prefix; standard speculative sampling), the commit rule
-and the ranking of a draft tree's children. A leaf module: the drafters (models/) sample with it and the decoders
-(decoding/) verify with it."""
+"""Sampling, the verification rules (greedy longest prefix; standard speculative sampling; sampling over a draft
+tree's fixed candidates), the commit rule and the ranking of a draft tree's children. A leaf module: the drafters
+(models/) sample with it and the decoders (decoding/) verify with it."""
 from __future__ import annotations
 
 import torch
@@ -100,6 +100,33 @@ def rejection_accept(drafts: torch.Tensor, q: torch.Tensor | None, p: torch.Tens
         dist = residual / total if total > 0 else p[i]
         return i, int(torch.multinomial(dist, 1, generator=generator))
     return n, int(torch.multinomial(p[n], 1, generator=generator))
+
+
+def accept_candidates(candidates: list[int], p: torch.Tensor, generator: torch.Generator | None = None
+                       ) -> tuple[int | None, int]:
+    """Speculative sampling at one position over several distinct candidates chosen without randomness (a draft
+    tree's children of one node): the token it returns is distributed exactly as p [V].
+
+    Test the candidates in turn against the residual r (at first p): accept candidate c with probability
+    r(c) / Σr, else remove c from r and go on; when every candidate is rejected, draw from what is left of r. Then
+    P(c_1) = p(c_1), P(c_2) = (1 - p(c_1)) · p(c_2) / (1 - p(c_1)) = p(c_2), and so on, and a token outside the
+    candidates is drawn with probability (1 - Σ p(c)) · p(x) / (1 - Σ p(c)) = p(x): point-mass proposals make the
+    acceptance ratio of the standard rule p(c) itself, and each rejection's residual is p with c removed
+    (docs/design.md#tree-verification). Returns (the accepted candidate's index, its token), or (None, the token
+    drawn from the residual)."""
+    residual, mass = p, float(p.sum())
+    for j, c in enumerate(candidates):
+        pc = float(residual[c])
+        u = float(torch.rand((), generator=generator, device=p.device, dtype=torch.float64))
+        if u * mass < pc:                          # probability pc / mass; a token with pc = 0 never passes
+            return j, c
+        if residual is p:
+            residual = p.clone()
+        residual[c] = 0
+        mass -= pc
+    total = residual.sum()
+    dist = residual / total if total > 0 else p    # (all of p's mass was on rejected candidates: rounding only)
+    return None, int(torch.multinomial(dist, 1, generator=generator))
 
 
 def top_children(logits: torch.Tensor, k: int, cols: torch.Tensor | None = None

@@ -167,8 +167,10 @@ def test_tree_decode_draws_each_steps_tree(app, client):
     assert trees.count('class="tstep"') == len(rec["steps"])
     for cls in ("acc", "bonus", "rej"):
         assert f'class="tile {cls}"' in trees.split("</div>", 1)[1], cls     # past the legend
-    with pytest.raises(Exception, match="greedy only"):
-        client.predict(*_decode_args(app["prompt"], n=8, temp=0.5), 8, api_name="/decode")
+    # sampled decoding verifies trees too (exact speculative sampling over each node's children)
+    rec = client.predict(*_decode_args(app["prompt"], n=16, temp=0.8), 8, api_name="/decode")[3]
+    assert rec["temperature"] == 0.8 and rec["tree_nodes"] == 8
+    assert all(0 < len(s["tree"]["tokens"]) <= 8 for s in rec["steps"][:-1])
     # a floor on the path probability: smaller trees, the same text (48 tokens: a sure drafter commits 16 in 2 steps)
     rec = client.predict(*_decode_args(app["prompt"], n=48), 16, 0, 0.2, api_name="/decode")[3]
     assert rec["tree_min_prob"] == 0.2 and rec["counters"]["identical_to_plain"] is True

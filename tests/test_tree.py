@@ -298,8 +298,6 @@ def test_budget_eos_and_records(target):
 
 def test_refusals_are_one_clear_error(target):
     d = Drafter.untrained(target, "dflash", seed=0)
-    with pytest.raises(UserError, match="greedy only"):
-        speculative_generate(target, d, prompt_ids=[5], max_new_tokens=4, temperature=0.7, tree_nodes=8)
     with pytest.raises(UserError, match="block drafter"):
         speculative_generate(target, Drafter.untrained(target, "eagle", seed=0), prompt_ids=[5], max_new_tokens=4,
                              tree_nodes=8)
@@ -311,6 +309,24 @@ def test_refusals_are_one_clear_error(target):
     # T > 0 without a tree still runs speculative sampling over the chain
     res = speculative_generate(target, d, prompt_ids=[5], max_new_tokens=4, temperature=0.7, seed=1)
     assert res.token_ids and all(s.tree_tokens is None for s in res.steps)
+
+
+@pytest.mark.parametrize("method", ["dflash", "domino"])
+def test_sampled_tree_decoding_is_seeded_and_records_its_walk(target, method):
+    """T > 0 with a tree: the same seed gives the same text; every step's accepted path is a path of its tree whose
+    tokens are the step's committed tokens (the distribution itself: tests/test_sampling.py)."""
+    d = Drafter.untrained(target, method, seed=0)
+    runs = [speculative_generate(target, d, prompt_ids=[60, 2, 33], max_new_tokens=40, temperature=0.9, top_p=0.95,
+                                 seed=s, tree_nodes=16) for s in (3, 3, 4)]
+    assert runs[0].token_ids == runs[1].token_ids and len(runs[0].steps) > 3
+    assert runs[0].token_ids != runs[2].token_ids
+    for s in runs[0].steps:
+        assert s.tree_tokens is not None and len(s.tree_tokens) <= 16
+        row = -1
+        for node in s.tree_path:                    # each accepted node's parent is the previous one
+            assert s.tree_parents[node] == row
+            row = node
+        assert [s.tree_tokens[i] for i in s.tree_path] == s.committed[: s.accepted]
 
 
 # ---------------------------------------------------------------------------------------------- CLIs, app, experiment
@@ -343,8 +359,10 @@ def test_generate_cli_tree_flag(tdir, capsys):
         outs[drafter] = json.loads(out)
     assert outs["none"]["token_ids"] == outs["untrained:domino"]["token_ids"] == outs["untrained:dflash"]["token_ids"]
     assert all(s["tree_tokens"] is not None for s in outs["untrained:domino"]["steps"])
-    for extra, msg in ((["--drafter", "untrained:domino", "--tree-nodes", "8", "--temperature", "0.5"], "greedy only"),
-                       (["--drafter", "untrained:eagle", "--tree-nodes", "8"], "block drafter"),
+    code, out, err = _cli(main, common + ["--drafter", "untrained:domino", "--tree-nodes", "8", "--temperature", "0.5",
+                                          "--seed", "2"], capsys)
+    assert code == 0 and len(json.loads(out)["token_ids"]) == 16, err
+    for extra, msg in ((["--drafter", "untrained:eagle", "--tree-nodes", "8"], "block drafter"),
                        (["--drafter", "untrained:domino", "--tree-nodes", "-2"], "--tree-nodes")):
         code, out, err = _cli(main, common + extra, capsys)
         lines = [x for x in err.splitlines() if x.startswith("error:")]
@@ -362,8 +380,9 @@ def test_inference_and_bench_tree_paths(tdir, tmp_path, capsys):
     for r, text in zip(rows, ["def add(a, b):", "Question: Tom has 3 apples"]):
         assert r["token_ids"] == speculative_generate(target, None, prompt=text, max_new_tokens=12).token_ids
         assert r["steps"][0]["tree_tokens"] is not None
-    with pytest.raises(UserError, match="greedy only"):
-        predict(target, d, prompts, max_new_tokens=4, temperature=0.5, tree_nodes=8)
+    sampled = predict(target, d, prompts, max_new_tokens=6, accelerator="cpu", devices=1, temperature=0.5,
+                      tree_nodes=8)
+    assert [len(r["token_ids"]) for r in sampled] == [6, 6] and sampled[0]["steps"][0]["tree_tokens"] is not None
 
     for m in ("domino", "dflash"):
         Drafter.untrained(target, m, seed=1).save_pretrained(root / m)
@@ -426,6 +445,18 @@ def test_tree_experiment_smoke(tmp_path):
     assert "Per-prompt τ(dflash) − τ(sure)" in (tmp_path / "tree.md").read_text()
     with pytest.raises(UserError, match="--compare"):
         experiment.parse_args(["--drafter", "a=default", "--compare", "a", "b"])
+    with pytest.raises(UserError, match="--temperature"):
+        experiment.parse_args(["--temperature", "-1"])
+    # sampled: two rounds are two samples of the prompt, pooled into τ; no token-for-token check
+    out = tmp_path / "t1"
+    assert experiment.main(["--limit", "1", "--sets", "math", "--nodes", "4", "--max-new-tokens", "8", "--rounds", "2",
+                            "--drafter", "dflash=default-dflash", "--warmup", "0", "--temperature", "1",
+                            "--out", str(out)]) == 0
+    data = json.loads((out / "tree.json").read_text())
+    row = data["results"]["math"]["dflash@4"]
+    assert data["meta"]["temperature"] == 1.0 and row["lossless"] is None and len(row["tokens_per_s_rounds"]) == 2
+    assert row["per_prompt"][0]["steps"] >= 2 and row["tau"] > 0
+    assert "| math | dflash | 4 | 1 |" in (out / "tree.md").read_text() and "sampled |" in (out / "tree.md").read_text()
 
 
 def test_min_path_probability_keeps_the_likely_subtree():

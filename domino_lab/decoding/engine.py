@@ -61,7 +61,7 @@ def speculative_generate(target, drafter=None, prompt: str | None = None, prompt
 
     `on_step(record)` is called after every verify step, once its tokens are committed (the dashboard streams
     from it; an exception it raises stops the decode). `tree_nodes` N > 0 verifies a draft tree of N nodes per
-    step instead of the chain (block drafters, greedy only; docs/design.md#tree-verification).
+    step instead of the chain (block drafters; greedy or sampled, exact either way; docs/design.md#tree-verification).
 
     `topk` k > 0 stores in every step record the top-k of the target's logits at each verified position and of the
     drafter's base and corrected logits at each draft (the dashboard's inspector, `generate --steps`); 0 (the
@@ -78,7 +78,7 @@ def speculative_generate(target, drafter=None, prompt: str | None = None, prompt
     draft_k = topk or DRAFT_TOPK
     tree_nodes = trees.check_tree_nodes(tree_nodes)
     if tree_nodes:
-        check_tree_mode(drafter, temperature)
+        check_tree_mode(drafter)
     adaptive = drafter is not None and drafter.options.adaptive_drafts
     check_adaptive_mode(adaptive, tree_nodes)
     min_copy = drafter.options.lookup if drafter is not None else 0
@@ -140,7 +140,8 @@ def speculative_generate(target, drafter=None, prompt: str | None = None, prompt
         cands = copy_inputs([copier], n_drafts, dev) if use_copier else None
         if tree_nodes and not copy:
             rec, new_feats = _tree_step(target, drafter, cache, draft_cache, pending, pending_start, anchor, start,
-                                        n, tree_nodes, taps, eos, max_new_tokens - len(tokens), topk, draft_k, cands)
+                                        n, tree_nodes, taps, eos, max_new_tokens - len(tokens), topk, draft_k, cands,
+                                        temperature, top_p, gen)
             if n > 0:
                 pending = None                     # the drafter has taken it into its cache
         else:
@@ -212,20 +213,13 @@ def speculative_generate(target, drafter=None, prompt: str | None = None, prompt
                             stop_reason=stop or ("context_length" if cut_by_context else "max_new_tokens"))
 
 
-def check_tree_mode(drafter, temperature: float) -> None:
-    """Tree verification needs a block drafter and greedy decoding; anything else is one clear error."""
+def check_tree_mode(drafter) -> None:
+    """Tree verification needs a block drafter; anything else is one clear error."""
     if drafter is None:
         raise UserError("tree verification (tree nodes > 0) needs a drafter; plain decoding has nothing to verify")
     if not hasattr(drafter, "tree_expander"):
         raise UserError(f"tree verification needs a block drafter (dflash or domino); the "
                         f"'{drafter.config.method}' drafter drafts one chain: use tree nodes 0 with it")
-    if temperature > 0:
-        # Exactness at T > 0 needs every draft to be a sample from a known q (docs/design.md#tree-verification);
-        # the tree holds the drafter's most probable branches, chosen deterministically, so rejection sampling
-        # over it would not reproduce the target's distribution.
-        raise UserError("tree verification is greedy only (temperature 0): the tree holds the drafter's most "
-                        "probable branches, not samples, so sampling over it would not be lossless; use "
-                        "temperature 0 or tree nodes 0 (chain verification, exact at any temperature)")
 
 
 def check_adaptive_mode(adaptive: bool, tree_nodes: int) -> None:
@@ -242,11 +236,13 @@ def check_lookup_mode(drafter, lookup: int) -> None:
 
 
 def _tree_step(target, drafter, cache, draft_cache, pending, pending_start, anchor, start, n, tree_nodes, taps, eos,
-               room, topk, draft_k, copy=None):
+               room, topk, draft_k, copy=None, temperature=0.0, top_p=1.0, gen=None):
     """One tree round at `anchor` (position `start`): draft a tree of up to `tree_nodes` nodes and depth
-    n, verify it in one target forward, accept the longest path the target agrees with plus its bonus, and keep
-    only that path in the target's cache. Returns the step record and the tapped features of the anchor and the
-    accepted nodes (the next round's new context for the draft cache, exactly as in a chain)."""
+    n, verify it in one target forward, accept a path plus its bonus (greedy: the longest path the target agrees
+    with; T > 0: the path speculative sampling walks, `trees.sampled_path`), and keep only that path in the target's
+    cache. Returns the step record and the tapped features of the anchor and the accepted nodes (the next round's
+    new context for the draft cache, exactly as in a chain)."""
+    greedy = temperature <= 0
     dev = target.device
     t0 = time.perf_counter()
     expander = None
@@ -271,9 +267,9 @@ def _tree_step(target, drafter, cache, draft_cache, pending, pending_start, anch
     rows_next: dict[int, int] = {}
 
     def read(rows: list[int]) -> None:
-        """The target's next token at these verify rows, the LM head run on them alone (their logits kept when
-        the record wants its top-k)."""
-        if topk:
+        """The target's logits (T > 0, or for the record's top-k) or only its next token (greedy) at these verify
+        rows, the LM head run on them alone."""
+        if topk or not greedy:
             logits = target.logits_at(hidden[rows])
             rows_logits.update(zip(rows, logits))
             best = logits.argmax(-1)
@@ -288,7 +284,11 @@ def _tree_step(target, drafter, cache, draft_cache, pending, pending_start, anch
             read(trees.likely_rows(tree, row - 1))
         return rows_next[row]
 
-    path, nxt = trees.greedy_path(tree, next_token)
+    def probs(row: int) -> torch.Tensor:
+        next_token(row)
+        return sampling.warp_probs(rows_logits[row], temperature, top_p)
+
+    path, nxt = trees.greedy_path(tree, next_token) if greedy else trees.sampled_path(tree, probs, gen)
     t2 = time.perf_counter()
 
     committed, acc, bonus = sampling.commit([tree.tokens[i] for i in path], nxt, eos, room)

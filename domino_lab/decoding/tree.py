@@ -12,6 +12,8 @@ docs/design.md#tree-verification explains the method; in short:
   each node sees the cached prefix, the anchor and its own ancestors, at position anchor + depth.
 - **Accepting** (`greedy_path`): from the anchor, step to the child whose token is the target's argmax while there
   is one; the target's argmax after the last accepted node is the bonus. Output equals plain greedy decoding.
+  At T > 0 (`sampled_path`) each visited node tests its children in turn by speculative sampling with point-mass
+  proposals (`sampling.accept_candidates`); the output is distributed exactly as the target's sampling.
 - **Compacting** (`compact_cache`): the K/V of the accepted nodes are moved next to the prefix and the rest cut.
 """
 from __future__ import annotations
@@ -23,6 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from .. import sampling
 from ..errors import UserError
 
 # A tree of N nodes scores up to N children per expanded node and verifies N + 1 tokens in one forward; beyond this
@@ -164,6 +167,23 @@ def greedy_path(tree: Tree, next_token) -> tuple[list[int], int]:
         path.append(child)
         row = child + 1
     return path, tok
+
+
+def sampled_path(tree: Tree, probs, generator: torch.Generator | None = None) -> tuple[list[int], int]:
+    """The walk at T > 0. probs(row): the target's warped distribution [V] at a verify row. From the anchor, the
+    children of the current row are tested in the drafter's order (best first) by `sampling.accept_candidates`;
+    an accepted child is stepped to, and when every child is rejected (or the row has none) the token drawn from
+    the residual is the bonus. Each accepted node's distribution was computed on its true prefix, so every token
+    the walk emits is distributed as the target's next-token distribution given the tokens before it."""
+    kids = tree.kids()
+    path, row = [], 0
+    while True:
+        cands = list(kids[row])                     # tokens of the row's children, in node (= score) order
+        j, tok = sampling.accept_candidates(cands, probs(row), generator)
+        if j is None:
+            return path, tok
+        path.append(kids[row][tok])
+        row = path[-1] + 1
 
 
 def likely_rows(tree: Tree, node: int = -1) -> list[int]:
