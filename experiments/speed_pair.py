@@ -1,0 +1,137 @@
+"""Tokens/s of two drafters, paired prompt by prompt: does one decode faster than the other, and by how much?
+
+    python experiments/speed_pair.py --a domino=default --b dflash=default-dflash --sets math --limit 32 --rounds 3
+
+Greedy decoding is lossless, so both drafters emit the same tokens for a prompt and the ratio of their tokens/s on
+it is the ratio of their wall times. Every prompt is decoded by both in every round, the order alternating by prompt
+and round, so a slow spell of the machine falls on both. A prompt's ratio is b's total wall time over a's (all
+rounds); the summary is the geometric mean over prompts with a normal 95% interval on the log ratios, and the wins.
+A set's tokens/s over all its prompts (the bench's number) weighs long slow prompts more; it is reported beside.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from domino_lab.errors import UserError, atomic_path, run_cli
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python experiments/speed_pair.py", description=__doc__.splitlines()[0])
+    p.add_argument("--target", default="default")
+    p.add_argument("--a", default="domino=default", metavar="LABEL=SPEC", help="the drafter whose speed-up is asked")
+    p.add_argument("--b", default="dflash=default-dflash", metavar="LABEL=SPEC", help="the drafter it is compared to")
+    p.add_argument("--sets", nargs="+", default=["math"])
+    p.add_argument("--limit", type=int, default=32, help="prompts per set")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--rounds", type=int, default=3)
+    from domino_lab.target import add_threads_arg
+    add_threads_arg(p)
+    p.add_argument("--out", default=None, help="folder for speed_pair.{md,json} (default: print only)")
+    a = p.parse_args(argv)
+    for name in ("a", "b"):
+        label, sep, spec = getattr(a, name).partition("=")
+        if not sep or not label or not spec:
+            raise UserError(f"--{name} {getattr(a, name)!r} must be LABEL=SPEC, e.g. domino=default")
+    if a.a.partition("=")[0] == a.b.partition("=")[0]:
+        raise UserError("--a and --b need different labels")
+    if min(a.limit, a.max_new_tokens, a.rounds) < 1:
+        raise UserError("--limit, --max-new-tokens and --rounds must be >= 1")
+    return a
+
+
+def interval(xs: list[float]) -> tuple[float, float, float]:
+    """Mean of xs and its normal 95% interval (as the project's paired τ differences, evaluate.paired)."""
+    m = statistics.fmean(xs)
+    half = 1.96 * statistics.stdev(xs) / math.sqrt(len(xs)) if len(xs) > 1 else 0.0
+    return m, m - half, m + half
+
+
+def run(args) -> dict:
+    from domino_lab import Target, speculative_generate
+    from domino_lab.data.eval_sets import load_eval_set
+    from domino_lab.models import load_drafter
+    from domino_lab.target import use_decode_threads
+
+    sets = {s: load_eval_set(s, limit=args.limit) for s in args.sets}        # bad names fail before any model loads
+    target = Target.from_pretrained(args.target)
+    use_decode_threads(target, args.threads)
+    (la, _, sa), (lb, _, sb) = args.a.partition("="), args.b.partition("=")
+    drafters = {la: load_drafter(sa, target), lb: load_drafter(sb, target)}
+    out = {}
+    for s, prompts in sets.items():
+        ids = [target.encode(p["prompt"]) for p in prompts]
+        for d in drafters.values():                                          # warm-up
+            speculative_generate(target, d, prompt_ids=ids[0], max_new_tokens=args.max_new_tokens)
+        wall = {lab: [0.0] * len(ids) for lab in drafters}
+        tokens, taus, same = [0] * len(ids), {lab: [0.0] * len(ids) for lab in drafters}, []
+        for r in range(args.rounds):
+            for i, x in enumerate(ids):
+                order = [la, lb] if (i + r) % 2 == 0 else [lb, la]
+                res = {}
+                for lab in order:
+                    res[lab] = speculative_generate(target, drafters[lab], prompt_ids=x,
+                                                    max_new_tokens=args.max_new_tokens)
+                    wall[lab][i] += res[lab].wall_time_s
+                    taus[lab][i] = res[lab].mean_acceptance_length
+                tokens[i] = len(res[la].token_ids)
+                same.append(res[la].token_ids == res[lb].token_ids)
+        logs = [math.log(wall[lb][i] / wall[la][i]) for i in range(len(ids))]
+        m, lo, hi = interval(logs)
+        set_tps = {lab: sum(tokens) * args.rounds / sum(wall[lab]) for lab in drafters}
+        out[s] = {"prompts": len(ids), "ratio_geomean": math.exp(m), "ci95": [math.exp(lo), math.exp(hi)],
+                  "wins": sum(x > 0 for x in logs), "losses": sum(x < 0 for x in logs),
+                  "set_ratio": set_tps[la] / set_tps[lb], "tokens_per_s": set_tps,
+                  "tau": {lab: statistics.fmean(t) for lab, t in taus.items()}, "identical": all(same),
+                  "per_prompt": [{"id": p.get("id", str(i)), "tokens": tokens[i],
+                                  **{f"wall_s_{lab}": wall[lab][i] for lab in drafters}}
+                                 for i, p in enumerate(prompts)]}
+    return out
+
+
+def markdown(res: dict, la: str, lb: str, meta: dict) -> str:
+    lines = [f"# Tokens/s of {la} over {lb}, paired per prompt", "", f"`{meta['command']}`", "",
+             f"{meta['machine']}; {meta['date']}; {meta['wall_s']} s; {meta['rounds']} rounds, alternating order; "
+             f"greedy, {meta['max_new_tokens']} new tokens", "",
+             f"| set | prompts | τ {la} | τ {lb} | per prompt {la} ÷ {lb} (geometric mean) | 95% CI | wins / losses "
+             f"| over the set | tokens/s {la} | tokens/s {lb} | same tokens |", "|" + "---|" * 10]
+    for s, r in res.items():
+        lines.append(f"| {s} | {r['prompts']} | {r['tau'][la]:.2f} | {r['tau'][lb]:.2f} | {r['ratio_geomean']:.3f} | "
+                     f"{r['ci95'][0]:.3f} – {r['ci95'][1]:.3f} | {r['wins']} / {r['losses']} | {r['set_ratio']:.3f} | "
+                     f"{r['tokens_per_s'][la]:.1f} | {r['tokens_per_s'][lb]:.1f} | {'yes' if r['identical'] else 'NO'} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    import torch
+
+    started = time.time()
+    res = run(args)
+    la, lb = args.a.partition("=")[0], args.b.partition("=")[0]
+    meta = {"command": "python experiments/speed_pair.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+            "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, {torch.get_num_threads()} torch threads, "
+                       f"torch {torch.__version__}", "date": time.strftime("%Y-%m-%d %H:%M"),
+            "rounds": args.rounds, "max_new_tokens": args.max_new_tokens, "a": args.a, "b": args.b,
+            "wall_s": round(time.time() - started, 1)}
+    md = markdown(res, la, lb, meta)
+    print(md)
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        with atomic_path(out / "speed_pair.json") as t:
+            t.write_text(json.dumps({"meta": meta, "results": res}, indent=1))
+        with atomic_path(out / "speed_pair.md") as t:
+            t.write_text(md)
+    return 0 if all(r["identical"] for r in res.values()) else 1
+
+
+if __name__ == "__main__":
+    run_cli(main)

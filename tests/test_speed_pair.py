@@ -1,0 +1,45 @@
+"""experiments/speed_pair.py: two drafters decode the same prompts in alternating order; the per-prompt ratio is
+their wall-time ratio, summarised as a geometric mean with an interval; bad arguments get one error line."""
+import importlib.util
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from domino_lab.errors import UserError
+
+
+def _module():
+    path = Path(__file__).resolve().parents[1] / "experiments" / "speed_pair.py"
+    spec = importlib.util.spec_from_file_location("speed_pair_experiment", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_speed_pair_reports_paired_ratios(tmp_path):
+    mod = _module()
+    threads = torch.get_num_threads()
+    try:
+        assert mod.main(["--sets", "math", "--limit", "3", "--max-new-tokens", "8", "--rounds", "2", "--threads", "1",
+                         "--a", "dom=default", "--b", "dfl=default-dflash", "--out", str(tmp_path / "r")]) == 0
+    finally:
+        torch.set_num_threads(threads)          # the script sets the decoders' thread count for its process
+    res = json.loads((tmp_path / "r" / "speed_pair.json").read_text())["results"]["math"]
+    assert res["identical"] and res["prompts"] == 3 and res["wins"] + res["losses"] == 3
+    logs = [math.log(p["wall_s_dfl"] / p["wall_s_dom"]) for p in res["per_prompt"]]
+    assert res["ratio_geomean"] == pytest.approx(math.exp(sum(logs) / 3))
+    assert res["ci95"][0] <= res["ratio_geomean"] <= res["ci95"][1]
+    tokens = sum(p["tokens"] for p in res["per_prompt"]) * 2
+    assert res["tokens_per_s"]["dom"] == pytest.approx(tokens / sum(p["wall_s_dom"] for p in res["per_prompt"]))
+    assert "| math | 3 |" in (tmp_path / "r" / "speed_pair.md").read_text()
+
+
+@pytest.mark.parametrize("argv, msg", [(["--rounds", "0"], "--rounds"), (["--a", "default"], "LABEL=SPEC"),
+                                       (["--a", "x=default", "--b", "x=default-dflash"], "different labels")])
+def test_speed_pair_bad_arguments(tmp_path, argv, msg):
+    with pytest.raises(UserError, match=msg):
+        _module().main(argv + ["--out", str(tmp_path / "bad")])
+    assert not (tmp_path / "bad").exists()
