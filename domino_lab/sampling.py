@@ -129,6 +129,34 @@ def accept_candidates(candidates: list[int], p: torch.Tensor, generator: torch.G
     return None, int(torch.multinomial(dist, 1, generator=generator))
 
 
+def accept_drawn(candidates: list[int], q: torch.Tensor, p: torch.Tensor, generator: torch.Generator | None = None
+                 ) -> tuple[int | None, int]:
+    """Speculative sampling at one position over candidates drawn from q [V] *without replacement*, in the order
+    they were drawn (recursive rejection sampling): the token it returns is distributed exactly as p [V].
+
+    Candidate i was drawn from q_i, q with the earlier candidates removed and renormalised. Accept it with
+    probability min(1, r_i(c) / q_i(c)), r_1 = p; on rejection r_{i+1} = norm(max(r_i - q_i, 0)), and after the last
+    one draw from r. Each step emits y with probability min(q_i, r_i)(y) + max(r_i - q_i, 0)(y) = r_i(y), so the
+    whole test emits p (docs/design.md#tree-verification). Returns (the accepted candidate's index, its token), or
+    (None, the token drawn from the residual)."""
+    r, qi = p, q
+    for j, c in enumerate(candidates):
+        u = float(torch.rand((), generator=generator, device=p.device, dtype=torch.float64))
+        if u * float(qi[c]) < float(r[c]):
+            return j, c
+        rest = (r - qi).clamp_min(0)
+        total = rest.sum()
+        if total > 0:                              # (0 only by rounding: then r = q_i and nothing is rejected)
+            r = rest / total
+        qi = qi.clone()
+        qi[c] = 0
+        mass = qi.sum()
+        if mass <= 0:                              # q had no other token: no candidate can follow
+            break
+        qi = qi / mass
+    return None, int(torch.multinomial(r, 1, generator=generator))
+
+
 def top_children(logits: torch.Tensor, k: int, cols: torch.Tensor | None = None
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The k most probable next tokens per row of logits [r, C] (tree drafting ranks branches by them).

@@ -311,11 +311,12 @@ def test_refusals_are_one_clear_error(target):
     assert res.token_ids and all(s.tree_tokens is None for s in res.steps)
 
 
-@pytest.mark.parametrize("method", ["dflash", "domino"])
-def test_sampled_tree_decoding_is_seeded_and_records_its_walk(target, method):
+@pytest.mark.parametrize("method, sampled", [("dflash", False), ("domino", False), ("dflash", True), ("domino", True)])
+def test_sampled_tree_decoding_is_seeded_and_records_its_walk(target, method, sampled):
     """T > 0 with a tree: the same seed gives the same text; every step's accepted path is a path of its tree whose
-    tokens are the step's committed tokens (the distribution itself: tests/test_sampling.py)."""
-    d = Drafter.untrained(target, method, seed=0)
+    tokens are the step's committed tokens (the distribution itself: tests/test_sampling.py). A sampled tree has
+    at most 4 children at the anchor and one below every other node."""
+    d = Drafter.untrained(target, method, seed=0).set_options(InferenceOptions(tree_sampled=sampled))
     runs = [speculative_generate(target, d, prompt_ids=[60, 2, 33], max_new_tokens=40, temperature=0.9, top_p=0.95,
                                  seed=s, tree_nodes=16) for s in (3, 3, 4)]
     assert runs[0].token_ids == runs[1].token_ids and len(runs[0].steps) > 3
@@ -327,6 +328,14 @@ def test_sampled_tree_decoding_is_seeded_and_records_its_walk(target, method):
             assert s.tree_parents[node] == row
             row = node
         assert [s.tree_tokens[i] for i in s.tree_path] == s.committed[: s.accepted]
+        if sampled:
+            kids = [s.tree_parents.count(i) for i in range(-1, len(s.tree_tokens))]
+            assert kids[0] == min(4, len(s.tree_tokens)) and max(kids[1:], default=0) <= 1
+    if sampled:                 # a floor would drop drawn children: refused
+        with pytest.raises(UserError, match="tree min prob"):
+            speculative_generate(target, Drafter.untrained(target, method, seed=0).set_options(
+                InferenceOptions(tree_sampled=True, tree_min_prob=0.1)), prompt_ids=[5], max_new_tokens=4,
+                temperature=0.5, tree_nodes=8)
 
 
 # ---------------------------------------------------------------------------------------------- CLIs, app, experiment

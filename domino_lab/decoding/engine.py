@@ -79,6 +79,10 @@ def speculative_generate(target, drafter=None, prompt: str | None = None, prompt
     tree_nodes = trees.check_tree_nodes(tree_nodes)
     if tree_nodes:
         check_tree_mode(drafter)
+        if temperature > 0 and drafter.options.tree_sampled and drafter.options.tree_min_prob > 0:
+            raise UserError("a sampled tree keeps every child it draws (dropping unlikely ones would bias the "
+                            "sampling), so tree min prob does not apply to it: set tree min prob 0 or leave "
+                            "tree sampled off")
     adaptive = drafter is not None and drafter.options.adaptive_drafts
     check_adaptive_mode(adaptive, tree_nodes)
     min_copy = drafter.options.lookup if drafter is not None else 0
@@ -251,9 +255,12 @@ def _tree_step(target, drafter, cache, draft_cache, pending, pending_start, anch
         expander = drafter.tree_expander(pending[None] if pending is not None else None, pending_start,
                                          torch.tensor([anchor], device=dev), start, draft_cache, n=n,
                                          topk=draft_k, copy=copy)
-        p_min = drafter.options.tree_min_prob
-        floor = math.log(p_min) if p_min > 0 else -math.inf
-        tree = trees.build_tree(expander, tree_nodes, n, draft_k, floor)
+        if not greedy and drafter.options.tree_sampled:
+            tree = trees.sample_tree(expander, tree_nodes, n, temperature, gen, topk=draft_k)
+        else:
+            p_min = drafter.options.tree_min_prob
+            floor = math.log(p_min) if p_min > 0 else -math.inf
+            tree = trees.build_tree(expander, tree_nodes, n, draft_k, floor)
     t1 = time.perf_counter()
     verify_ids = torch.tensor([[anchor] + tree.tokens], device=dev)
     # the LM head runs on the rows the walk is likely to visit (the anchor and its line of best children), in one

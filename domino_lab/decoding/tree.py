@@ -55,6 +55,9 @@ class Tree:
     # The drafter's top-k (vocabulary ids, logits) of the children of the anchor (key -1) and of every expanded
     # node: the "final" distributions the step record and the dashboard's inspector show.
     child_top: dict[int, tuple[list[int], list[float]]] = field(default_factory=dict)
+    # A sampled tree (`sample_tree`) only: the distribution each expanded node's children were drawn from, keyed
+    # like child_top: (vocabulary ids [K], probabilities [K]). Its children are listed in the order they were drawn.
+    proposals: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -133,6 +136,54 @@ def build_tree(expander, n_nodes: int, depth: int, topk: int = 5, min_logp: floa
     return tree
 
 
+def sample_tree(expander, n_nodes: int, depth: int, temperature: float, generator: torch.Generator | None = None,
+                branching: int = 4, topk: int = 5) -> Tree:
+    """A tree of at most n_nodes nodes and `depth` levels whose children are *drawn* from the drafter, for sampled
+    decoding (T > 0): the anchor gets `branching` children, drawn without replacement from the drafter's
+    distribution at temperature T (restricted to its top max(n_nodes, topk) tokens, which is the proposal the
+    verifier is told); every later level gives one drawn child to each node of the level before, most probable
+    path first, while the budget lasts.
+
+    Exactness needs each node's children to be a draw from its proposal whose count is fixed before they are
+    drawn: so a count may depend on the node's own path and its siblings (already drawn), never on the children
+    themselves; keeping a drawn child because it scores well would bias the walk (docs/design.md#tree-verification).
+    Draws without replacement are the Gumbel-top-k of the logits; their order is the drawing order."""
+    toks: list[int] = []
+    pars: list[int] = []
+    scores: list[float] = []
+    deps: list[int] = []
+    tree = Tree()
+    frontier, counts = [-1], [min(branching, n_nodes)]
+    k = max(n_nodes, topk)
+    for level in range(depth):
+        args = (None, None) if level == 0 else ([toks[g] for g in frontier], [pars[g] for g in frontier])
+        logp, ids, logits = expander.children(level, frontier, *args, k)
+        shared = logp.shape[0] == 1
+        drawn = []
+        for r, (g, m) in enumerate(zip(frontier, counts)):
+            row = 0 if shared else r
+            tree.child_top[g] = (ids[row][:topk].tolist(), logits[row][:topk].tolist())
+            keys = logits[row].double() / temperature
+            tree.proposals[g] = (ids[row], torch.softmax(keys, -1))
+            u = torch.rand(keys.shape, generator=generator, dtype=torch.float64, device=keys.device)
+            order = (keys - torch.log(-torch.log(u))).topk(min(m, keys.shape[0])).indices.tolist()
+            base = scores[g] if g >= 0 else 0.0
+            for j in order:
+                drawn.append(len(toks))
+                toks.append(int(ids[row][j]))
+                pars.append(g)
+                deps.append(level + 1)
+                scores.append(base + float(logp[row][j]))
+        room = n_nodes - len(toks)
+        frontier = sorted(drawn, key=lambda g: -scores[g])[:room]
+        counts = [1] * len(frontier)
+        if not frontier:
+            break
+    # nodes in creation order: by depth, and each parent's children in the order they were drawn
+    tree.tokens, tree.parents, tree.depths, tree.scores = toks, pars, deps, scores
+    return tree
+
+
 def attention_mask(tree: Tree, prefix: int, dtype: torch.dtype, device) -> torch.Tensor:
     """Additive mask [1, 1, 1 + N, prefix + 1 + N] for the verify forward over [anchor, nodes]: every row sees the
     cached prefix, the anchor and its own ancestors (itself included), nothing else.
@@ -171,15 +222,23 @@ def greedy_path(tree: Tree, next_token) -> tuple[list[int], int]:
 
 def sampled_path(tree: Tree, probs, generator: torch.Generator | None = None) -> tuple[list[int], int]:
     """The walk at T > 0. probs(row): the target's warped distribution [V] at a verify row. From the anchor, the
-    children of the current row are tested in the drafter's order (best first) by `sampling.accept_candidates`;
-    an accepted child is stepped to, and when every child is rejected (or the row has none) the token drawn from
-    the residual is the bonus. Each accepted node's distribution was computed on its true prefix, so every token
+    children of the current row are tested in node order: a best-first tree's as fixed candidates
+    (`sampling.accept_candidates`), a sampled tree's against the proposal they were drawn from
+    (`sampling.accept_drawn`). An accepted child is stepped to, and when every child is rejected (or the row has
+    none) the token drawn from the residual is the bonus. Each accepted node's distribution was computed on its true prefix, so every token
     the walk emits is distributed as the target's next-token distribution given the tokens before it."""
     kids = tree.kids()
     path, row = [], 0
     while True:
-        cands = list(kids[row])                     # tokens of the row's children, in node (= score) order
-        j, tok = sampling.accept_candidates(cands, probs(row), generator)
+        cands = list(kids[row])                     # tokens of the row's children, in node order
+        drawn = tree.proposals.get(row - 1)
+        if drawn is not None and cands:             # a sampled tree: the children were drawn from this proposal
+            p = probs(row)
+            q = torch.zeros_like(p)
+            q[drawn[0].to(p.device)] = drawn[1].to(p.dtype).to(p.device)
+            j, tok = sampling.accept_drawn(cands, q, p, generator)
+        else:                                       # fixed candidates (best-first), or a leaf
+            j, tok = sampling.accept_candidates(cands, probs(row), generator)
         if j is None:
             return path, tok
         path.append(kids[row][tok])

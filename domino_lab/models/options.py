@@ -40,6 +40,10 @@ class InferenceOptions:
     # compute whether or not it is accepted, which on a CPU can outweigh an unlikely node's chance
     # (docs/design.md#tree-verification).
     tree_min_prob: float = 0.0
+    # Tree verification at T > 0: draw each node's children from the drafter's distribution (without replacement,
+    # verified by recursive rejection sampling) instead of taking its most probable ones; greedy decoding always
+    # builds the best-first tree (docs/design.md#tree-verification).
+    tree_sampled: bool = False
     # Batched decoding: how many drafts each step verifies. "adaptive" = the count (0 = a plain step) that maximises
     # tokens per second under the acceptance and step costs measured so far in the batch (decoding/adaptive.py);
     # "all" = the whole block every step. Large batches make a verified position cost real compute
@@ -73,7 +77,7 @@ class InferenceOptions:
         """From the flags `add_inference_args` defines (absent flags keep the defaults)."""
         kw = {k: getattr(args, k, None) for k in ("head_impl", "candidate_pool", "block_size", "full_vocab",
                                                "draft_cutoff", "lookup", "tree_min_prob", "batch_drafts",
-                                               "adaptive_drafts")}
+                                               "adaptive_drafts", "tree_sampled")}
         return cls(**{k: v for k, v in kw.items() if v is not None})
 
 
@@ -99,6 +103,9 @@ def add_inference_args(p, block_size: bool = False) -> None:
     p.add_argument("--tree-min-prob", type=float, default=None, metavar="P",
                    help="tree verification: keep only nodes the drafter gives a path probability of at least P "
                         "(0 = fill the --tree-nodes budget, the default)")
+    p.add_argument("--tree-sampled", action="store_true", default=None,
+                   help="tree verification at T > 0: sample each node's children from the drafter instead of taking "
+                        "its most probable ones (exact either way)")
     if block_size:
         p.add_argument("--block-size", type=int, default=None,
                        help="use at most this many slots of each block (default: all the drafter has)")
