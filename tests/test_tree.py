@@ -371,7 +371,13 @@ def test_generate_cli_tree_flag(tdir, capsys):
     code, out, err = _cli(main, common + ["--drafter", "untrained:domino", "--tree-nodes", "8", "--temperature", "0.5",
                                           "--seed", "2"], capsys)
     assert code == 0 and len(json.loads(out)["token_ids"]) == 16, err
-    for extra, msg in ((["--drafter", "untrained:eagle", "--tree-nodes", "8"], "block drafter"),
+    code, out, err = _cli(main, common + ["--drafter", "untrained:dflash", "--tree-nodes", "8", "--temperature", "0.5",
+                                          "--tree-sampled", "--steps"], capsys)
+    steps = json.loads(out)["steps"]
+    assert code == 0 and max(s["tree_parents"].count(-1) for s in steps) == 4, err      # 4 drawn at the anchor
+    for extra, msg in ((["--drafter", "untrained:domino", "--tree-nodes", "8", "--temperature", "0.5", "--tree-sampled",
+                         "--tree-min-prob", "0.1"], "tree min prob"),
+                       (["--drafter", "untrained:eagle", "--tree-nodes", "8"], "block drafter"),
                        (["--drafter", "untrained:domino", "--tree-nodes", "-2"], "--tree-nodes")):
         code, out, err = _cli(main, common + extra, capsys)
         lines = [x for x in err.splitlines() if x.startswith("error:")]
