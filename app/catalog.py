@@ -145,18 +145,20 @@ class Catalog:
             return self._targets[value]
 
     def drafter(self, target_value: str, value: str, head_on: bool = True, lookup: int = 0,
-                tree_min_prob: float = 0.0, adaptive: bool = False):
+                tree_min_prob: float = 0.0, adaptive: bool = False, tree_sampled: bool = False):
         """The drafter `value` bound to target `target_value` (None for plain decoding); UserError if it
         doesn't fit the target. `lookup` > 0 turns on lookup drafting, `tree_min_prob` > 0 prunes unlikely tree
-        nodes, `adaptive` takes plain steps where drafting does not pay (one cached drafter per setting: options
-        are read by the engine during a decode, so concurrent requests must not share a mutable one)."""
+        nodes, `adaptive` takes plain steps where drafting does not pay, `tree_sampled` draws tree children at T > 0
+        (one cached drafter per setting: options are read by the engine during a decode, so concurrent requests
+        must not share a mutable one)."""
         entry = self.drafters.get(value)
         if entry is None:
             raise UserError(f"unknown drafter {value!r}; pick one from the list")
         target = self.target(target_value)
         if entry.spec is None:
             return None
-        key = (target_value, value, bool(head_on), int(lookup), float(tree_min_prob), bool(adaptive))
+        key = (target_value, value, bool(head_on), int(lookup), float(tree_min_prob), bool(adaptive),
+               bool(tree_sampled))
         if key in self._drafters:
             return self._drafters[key]
         with self._lock:
@@ -167,7 +169,8 @@ class Catalog:
                 try:
                     # full-vocabulary correction: the inspector's corrected top-k and ΔL bounds must be exact
                     d = load_drafter(entry.spec, target, options=InferenceOptions(
-                        candidate_pool=0, lookup=lookup, tree_min_prob=tree_min_prob, adaptive_drafts=bool(adaptive)))
+                        candidate_pool=0, lookup=lookup, tree_min_prob=tree_min_prob, adaptive_drafts=bool(adaptive),
+                        tree_sampled=bool(tree_sampled)))
                 except UserError as e:
                     raise UserError(f"{e} (drafter {value!r}, target {target_value!r})") from None
                 d.eval()

@@ -40,6 +40,7 @@ class Request:
     lookup: int = 0              # > 0: copy repeats of the text's last >= this many tokens (lookup drafting)
     tree_min_prob: float = 0.0   # > 0: tree nodes need at least this path probability under the drafter
     adaptive: bool = False       # plain steps while the text's measured acceptance does not pay for drafting
+    tree_sampled: bool = False   # T > 0: draw each tree node's children from the drafter (not its most probable)
 
     def checked(self) -> "Request":
         if not isinstance(self.prompt, str) or not self.prompt.strip():
@@ -63,7 +64,7 @@ class Request:
         except (TypeError, ValueError):
             raise UserError("tree min prob must be a number in [0, 1) (0 = fill the node budget)") from None
         self.tree_min_prob = InferenceOptions(tree_min_prob=p_min).tree_min_prob     # the options' own range check
-        self.adaptive = bool(self.adaptive)
+        self.adaptive, self.tree_sampled = bool(self.adaptive), bool(self.tree_sampled)
         check_adaptive_mode(self.adaptive, self.tree_nodes)
         return self
 
@@ -131,7 +132,8 @@ def stream(catalog, req: Request, min_interval: float = 0.05, measure_plain: boo
     """Yield a Snapshot after verify steps (at most every `min_interval` s) and a final one with the result."""
     req.checked()
     target = catalog.target(req.target)
-    drafter = catalog.drafter(req.target, req.drafter, req.head_on, req.lookup, req.tree_min_prob, req.adaptive)
+    drafter = catalog.drafter(req.target, req.drafter, req.head_on, req.lookup, req.tree_min_prob, req.adaptive,
+                              req.tree_sampled)
     if req.tree_nodes:
         check_tree_mode(drafter)
     snap = Snapshot(req.target)
@@ -378,7 +380,7 @@ def record(snap: Snapshot, texts: Texts, req: Request) -> dict:
     first = snap.token_ids[:1]
     return {"target": req.target, "drafter": req.drafter, "head": snap.head, "block_size": req.block_size,
             "tree_nodes": req.tree_nodes, "tree_min_prob": req.tree_min_prob, "lookup": req.lookup,
-            "adaptive_drafts": req.adaptive,
+            "adaptive_drafts": req.adaptive, "tree_sampled": req.tree_sampled,
             "temperature": req.temperature, "prefill": first[0] if first else None, "steps": steps,
             "counters": counters(snap), "token_ids": snap.token_ids,
             "text": snap.result.text if snap.done else texts.target.decode(snap.token_ids)}

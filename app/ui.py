@@ -115,6 +115,8 @@ def build_demo(catalog: Catalog, examples: list[dict] | None = None, stream_inte
                         adaptive = gr.Checkbox(False, elem_id="adaptive", label="adaptive drafts (plain steps "
                                                "while this text's measured acceptance does not pay for drafting; "
                                                "chain only)")
+                        tree_s = gr.Checkbox(False, elem_id="tree-sampled", label="sampled tree (T > 0: draw each "
+                                             "node's children from the drafter instead of taking its most probable)")
                         with gr.Row():
                             go = gr.Button("Decode", variant="primary", elem_id="decode-btn")
                             stop = gr.Button("Stop")
@@ -183,13 +185,14 @@ def build_demo(catalog: Catalog, examples: list[dict] | None = None, stream_inte
 
         # ---------------------------------------------------------------- handlers
         def decode(prompt, target, drafter, head, block, temp, max_tokens, seed, tree_nodes=0, lookup=0,
-                   tree_min_prob=0.0, adaptive=False):
+                   tree_min_prob=0.0, adaptive=False, tree_sampled=False):
             try:
                 req = Request(prompt, target, drafter, bool(head), block, temp, max_tokens, seed,
-                              tree_nodes, lookup, tree_min_prob, bool(adaptive)).checked()
+                              tree_nodes, lookup, tree_min_prob, bool(adaptive), bool(tree_sampled)).checked()
                 texts = Texts(catalog.target(req.target))
                 # a misfit fails here, early
-                catalog.drafter(req.target, req.drafter, req.head_on, req.lookup, req.tree_min_prob, req.adaptive)
+                catalog.drafter(req.target, req.drafter, req.head_on, req.lookup, req.tree_min_prob, req.adaptive,
+                                req.tree_sampled)
                 wait = LEGEND + '<div class="chain empty">measuring plain decoding of this prompt…</div>'
                 yield (wait, "", "", None, gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip(),
                        tree_html(None, texts))
@@ -230,7 +233,7 @@ def build_demo(catalog: Catalog, examples: list[dict] | None = None, stream_inte
             return gr.update(interactive=catalog.has_head(value))
 
         ev = go.click(decode, [prompt, target, drafter, head, block, temp, max_tokens, seed, tree_n, lookup_n, tree_p,
-                                    adaptive],
+                                    adaptive, tree_s],
                       [chain, counters_box, text, rec_json, bars, state, insp, insp_json, step_n, pos_n, trees_box],
                       api_name="decode")
         stop.click(None, cancels=[ev])

@@ -171,6 +171,11 @@ def test_tree_decode_draws_each_steps_tree(app, client):
     rec = client.predict(*_decode_args(app["prompt"], n=16, temp=0.8), 8, api_name="/decode")[3]
     assert rec["temperature"] == 0.8 and rec["tree_nodes"] == 8
     assert all(0 < len(s["tree"]["tokens"]) <= 8 for s in rec["steps"][:-1])
+    # the sampled tree: four children drawn at the anchor, one below every other node
+    rec = client.predict(*_decode_args(app["prompt"], n=16, temp=0.8), 8, 0, 0.0, False, True, api_name="/decode")[3]
+    assert rec["tree_sampled"] is True
+    trees = [s["tree"] for s in rec["steps"] if "tree" in s and len(s["tree"]["tokens"]) == 8]
+    assert trees and all(t["parents"].count(-1) == 4 for t in trees)
     # a floor on the path probability: smaller trees, the same text (48 tokens: a sure drafter commits 16 in 2 steps)
     rec = client.predict(*_decode_args(app["prompt"], n=48), 16, 0, 0.2, api_name="/decode")[3]
     assert rec["tree_min_prob"] == 0.2 and rec["counters"]["identical_to_plain"] is True
