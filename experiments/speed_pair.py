@@ -105,7 +105,8 @@ def markdown(res: dict, la: str, lb: str, meta: dict) -> str:
     for s, r in res.items():
         lines.append(f"| {s} | {r['prompts']} | {r['tau'][la]:.2f} | {r['tau'][lb]:.2f} | {r['ratio_geomean']:.3f} | "
                      f"{r['ci95'][0]:.3f} – {r['ci95'][1]:.3f} | {r['wins']} / {r['losses']} | {r['set_ratio']:.3f} | "
-                     f"{r['tokens_per_s'][la]:.1f} | {r['tokens_per_s'][lb]:.1f} | {'yes' if r['identical'] else 'NO'} |")
+                     f"{r['tokens_per_s'][la]:.1f} | {r['tokens_per_s'][lb]:.1f} | "
+                     f"{'yes' if r['identical'] else 'NO'} |")
     return "\n".join(lines) + "\n"
 
 

@@ -14,6 +14,8 @@ docs/design.md#tree-verification explains the method; in short:
   is one; the target's argmax after the last accepted node is the bonus. Output equals plain greedy decoding.
   At T > 0 (`sampled_path`) each visited node tests its children in turn by speculative sampling with point-mass
   proposals (`sampling.accept_candidates`); the output is distributed exactly as the target's sampling.
+- **Sampled trees** (`sample_tree`, T > 0): children drawn from the drafter without replacement, tested against
+  the proposal they were drawn from by recursive rejection sampling (`sampling.accept_drawn`); also exact.
 - **Compacting** (`compact_cache`): the K/V of the accepted nodes are moved next to the prefix and the rest cut.
 """
 from __future__ import annotations
@@ -225,8 +227,9 @@ def sampled_path(tree: Tree, probs, generator: torch.Generator | None = None) ->
     children of the current row are tested in node order: a best-first tree's as fixed candidates
     (`sampling.accept_candidates`), a sampled tree's against the proposal they were drawn from
     (`sampling.accept_drawn`). An accepted child is stepped to, and when every child is rejected (or the row has
-    none) the token drawn from the residual is the bonus. Each accepted node's distribution was computed on its true prefix, so every token
-    the walk emits is distributed as the target's next-token distribution given the tokens before it."""
+    none) the token drawn from the residual is the bonus. Each accepted node's distribution was computed on its true
+    prefix, so every token the walk emits is distributed as the target's next-token distribution given the tokens
+    before it."""
     kids = tree.kids()
     path, row = [], 0
     while True:
