@@ -87,18 +87,11 @@ def rejection_accept(drafts: torch.Tensor, q: torch.Tensor | None, p: torch.Tens
     """
     n = drafts.shape[0]
     for i in range(n):
-        d = int(drafts[i])
-        u = torch.rand((), generator=generator, device=p.device, dtype=p.dtype)
-        if u * (q[i, d] if q is not None else 1.0) <= p[i, d]:          # u < p/q without dividing by a tiny q
-            continue
-        if q is not None:
-            residual = (p[i] - q[i]).clamp_min(0)
-        else:
-            residual = p[i].clone()
-            residual[d] = 0
-        total = residual.sum()
-        dist = residual / total if total > 0 else p[i]
-        return i, int(torch.multinomial(dist, 1, generator=generator))
+        # one position is the one-candidate case of the tree rules below
+        d = [int(drafts[i])]
+        j, tok = accept_drawn(d, q[i], p[i], generator) if q is not None else accept_candidates(d, p[i], generator)
+        if j is None:
+            return i, tok
     return n, int(torch.multinomial(p[n], 1, generator=generator))
 
 
@@ -129,6 +122,13 @@ def accept_candidates(candidates: list[int], p: torch.Tensor, generator: torch.G
     return None, int(torch.multinomial(dist, 1, generator=generator))
 
 
+def draw_without_replacement(logits: torch.Tensor, k: int, generator: torch.Generator | None = None) -> list[int]:
+    """k indices drawn without replacement from softmax(logits) [C], in the order they were drawn: the top-k of the
+    logits plus Gumbel noise (Gumbel-top-k)."""
+    u = torch.rand(logits.shape, generator=generator, dtype=torch.float64, device=logits.device)
+    return (logits.double() - torch.log(-torch.log(u))).topk(min(k, logits.shape[-1])).indices.tolist()
+
+
 def accept_drawn(candidates: list[int], q: torch.Tensor, p: torch.Tensor, generator: torch.Generator | None = None
                  ) -> tuple[int | None, int]:
     """Speculative sampling at one position over candidates drawn from q [V] *without replacement*, in the order
@@ -148,6 +148,8 @@ def accept_drawn(candidates: list[int], q: torch.Tensor, p: torch.Tensor, genera
         total = rest.sum()
         if total > 0:                              # (0 only by rounding: then r = q_i and nothing is rejected)
             r = rest / total
+        if j + 1 == len(candidates):
+            break                                  # (no q_{i+1} to build after the last candidate)
         qi = qi.clone()
         qi[c] = 0
         mass = qi.sum()

@@ -117,11 +117,6 @@ def test_candidate_rule_single_position_matches_p(cands):
     assert tv(counts, dict(enumerate(p.tolist())), n) < 0.02
 
 
-def draw_without_replacement(q: torch.Tensor, k: int, g: torch.Generator) -> list[int]:
-    u = torch.rand(q.shape, generator=g, dtype=torch.float64)
-    return (q.log() - torch.log(-torch.log(u))).topk(k).indices.tolist()
-
-
 @pytest.mark.parametrize("k", [1, 2, 3, 5])
 def test_drawn_candidates_rule_single_position_matches_p(k):
     """Candidates drawn from q without replacement, tested by recursive rejection: each token with probability p,
@@ -132,7 +127,7 @@ def test_drawn_candidates_rule_single_position_matches_p(k):
     n = 20000
     counts = Counter()
     for _ in range(n):
-        cands = draw_without_replacement(q, k, g)
+        cands = sampling.draw_without_replacement(q.log(), k, g)
         j, tok = sampling.accept_drawn(cands, q, p, g)
         assert (j is None) == (tok not in cands) and (j is None or cands[j] == tok)
         counts[tok] += 1
@@ -149,7 +144,7 @@ def test_drawn_candidates_without_the_recursion_are_caught():
     n = 20000
     counts = Counter()
     for _ in range(n):
-        counts[independent_siblings(draw_without_replacement(q, 3, g), q, p, g)[1]] += 1
+        counts[independent_siblings(sampling.draw_without_replacement(q.log(), 3, g), q, p, g)[1]] += 1
     assert tv(counts, dict(enumerate(p.tolist())), n) > 0.1
 
 

@@ -79,10 +79,6 @@ def speculative_generate(target, drafter=None, prompt: str | None = None, prompt
     tree_nodes = trees.check_tree_nodes(tree_nodes)
     if tree_nodes:
         check_tree_mode(drafter)
-        if temperature > 0 and drafter.options.tree_sampled and drafter.options.tree_min_prob > 0:
-            raise UserError("a sampled tree keeps every child it draws (dropping unlikely ones would bias the "
-                            "sampling), so tree min prob does not apply to it: set tree min prob 0 or leave "
-                            "tree sampled off")
     adaptive = drafter is not None and drafter.options.adaptive_drafts
     check_adaptive_mode(adaptive, tree_nodes)
     min_copy = drafter.options.lookup if drafter is not None else 0
@@ -279,6 +275,8 @@ def _tree_step(target, drafter, cache, draft_cache, pending, pending_start, anch
         if topk or not greedy:
             logits = target.logits_at(hidden[rows])
             rows_logits.update(zip(rows, logits))
+            if not greedy:
+                return
             best = logits.argmax(-1)
         else:
             best = target.greedy_tokens(hidden[rows])
@@ -292,7 +290,8 @@ def _tree_step(target, drafter, cache, draft_cache, pending, pending_start, anch
         return rows_next[row]
 
     def probs(row: int) -> torch.Tensor:
-        next_token(row)
+        if row not in rows_logits:
+            read(trees.likely_rows(tree, row - 1))
         return sampling.warp_probs(rows_logits[row], temperature, top_p)
 
     path, nxt = trees.greedy_path(tree, next_token) if greedy else trees.sampled_path(tree, probs, gen)

@@ -161,16 +161,15 @@ def sample_tree(expander, n_nodes: int, depth: int, temperature: float, generato
         args = (None, None) if level == 0 else ([toks[g] for g in frontier], [pars[g] for g in frontier])
         logp, ids, logits = expander.children(level, frontier, *args, k)
         shared = logp.shape[0] == 1
+        keys = logits.double() / temperature
+        q = torch.softmax(keys, -1)                 # per row (one for every node when the drafter shares it)
         drawn = []
         for r, (g, m) in enumerate(zip(frontier, counts)):
             row = 0 if shared else r
             tree.child_top[g] = (ids[row][:topk].tolist(), logits[row][:topk].tolist())
-            keys = logits[row].double() / temperature
-            tree.proposals[g] = (ids[row], torch.softmax(keys, -1))
-            u = torch.rand(keys.shape, generator=generator, dtype=torch.float64, device=keys.device)
-            order = (keys - torch.log(-torch.log(u))).topk(min(m, keys.shape[0])).indices.tolist()
+            tree.proposals[g] = (ids[row], q[row])
             base = scores[g] if g >= 0 else 0.0
-            for j in order:
+            for j in sampling.draw_without_replacement(keys[row], m, generator):
                 drawn.append(len(toks))
                 toks.append(int(ids[row][j]))
                 pars.append(g)

@@ -67,6 +67,10 @@ class InferenceOptions:
                             f"got {self.lookup}")
         if not 0.0 <= self.tree_min_prob < 1.0:
             raise UserError(f"tree min prob must be in [0, 1) (0 = fill the node budget), got {self.tree_min_prob}")
+        if self.tree_sampled and self.tree_min_prob > 0:
+            raise UserError("a sampled tree keeps every child it draws (dropping unlikely ones would bias the "
+                            "sampling), so tree min prob does not apply to it: set tree min prob 0 or leave "
+                            "tree sampled off")
         if self.batch_drafts not in BATCH_DRAFTS:
             raise UserError(f"unknown batch drafts policy '{self.batch_drafts}'; use one of {list(BATCH_DRAFTS)}")
         if self.block_size is not None and self.block_size < 1:
