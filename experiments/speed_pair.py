@@ -1,12 +1,16 @@
 """Tokens/s of two drafters, paired prompt by prompt: does one decode faster than the other, and by how much?
 
     python experiments/speed_pair.py --a domino=default --b dflash=default-dflash --sets math --limit 32 --rounds 3
+    python experiments/speed_pair.py --a domino=default --b domino-fast=default@head_impl=fast --temperature 1
 
 Greedy decoding is lossless, so both drafters emit the same tokens for a prompt and the ratio of their tokens/s on
 it is the ratio of their wall times. Every prompt is decoded by both in every round, the order alternating by prompt
-and round, so a slow spell of the machine falls on both. A prompt's ratio is b's total wall time over a's (all
-rounds); the summary is the geometric mean over prompts with a normal 95% interval on the log ratios, and the wins.
-A set's tokens/s over all its prompts (the bench's number) weighs long slow prompts more; it is reported beside.
+and round, so a slow spell of the machine falls on both. A prompt's ratio is a's tokens/s over b's, each pooled over
+all rounds; the summary is the geometric mean over prompts with a normal 95% interval on the log ratios, and the
+wins. A set's tokens/s over all its prompts (the bench's number) weighs long slow prompts more; it is reported
+beside. With --temperature T > 0 round r samples with seed r for both drafters: their texts then differ (each is an
+exact sample of the target), so a prompt's tokens/s pools every round's samples, and τ says how much each drafter
+committed per step on them. A SPEC may end in @key=value,... (inference options, as bench --drafter takes them).
 """
 from __future__ import annotations
 
@@ -31,7 +35,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--sets", nargs="+", default=["math"])
     p.add_argument("--limit", type=int, default=32, help="prompts per set")
     p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--rounds", type=int, default=3, help="decodes of every prompt by each drafter (at T > 0: seeds "
+                   "0 .. rounds-1)")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (the default); > 0 samples")
     from domino_lab.target import add_threads_arg
     add_threads_arg(p)
     p.add_argument("--out", default=None, help="folder for speed_pair.{md,json} (default: print only)")
@@ -40,11 +46,22 @@ def parse_args(argv=None) -> argparse.Namespace:
         label, sep, spec = getattr(a, name).partition("=")
         if not sep or not label or not spec:
             raise UserError(f"--{name} {getattr(a, name)!r} must be LABEL=SPEC, e.g. domino=default")
+        options(getattr(a, name))                  # bad options fail before any model loads
     if a.a.partition("=")[0] == a.b.partition("=")[0]:
         raise UserError("--a and --b need different labels")
     if min(a.limit, a.max_new_tokens, a.rounds) < 1:
         raise UserError("--limit, --max-new-tokens and --rounds must be >= 1")
+    if not 0.0 <= a.temperature <= 10.0:
+        raise UserError(f"--temperature must be in [0, 10] (0 = greedy), got {a.temperature}")
     return a
+
+
+def options(item: str):
+    """The inference options of a LABEL=SPEC[@key=value,...] item (the defaults, with its key=value pairs)."""
+    from domino_lab.bench import with_options
+    from domino_lab.models import InferenceOptions
+
+    return with_options(InferenceOptions(), item.partition("=")[2].partition("@")[2], item)
 
 
 def interval(xs: list[float]) -> tuple[float, float, float]:
@@ -63,35 +80,45 @@ def run(args) -> dict:
     sets = {s: load_eval_set(s, limit=args.limit) for s in args.sets}        # bad names fail before any model loads
     target = Target.from_pretrained(args.target)
     use_decode_threads(target, args.threads)
-    (la, _, sa), (lb, _, sb) = args.a.partition("="), args.b.partition("=")
-    drafters = {la: load_drafter(sa, target), lb: load_drafter(sb, target)}
+    drafters = {}
+    for item in (args.a, args.b):
+        label, _, spec = item.partition("=")
+        drafters[label] = load_drafter(spec.partition("@")[0], target, options=options(item))
+    la, lb = drafters
     out = {}
     for s, prompts in sets.items():
         ids = [target.encode(p["prompt"]) for p in prompts]
         for d in drafters.values():                                          # warm-up
             speculative_generate(target, d, prompt_ids=ids[0], max_new_tokens=args.max_new_tokens)
         wall = {lab: [0.0] * len(ids) for lab in drafters}
-        tokens, taus, same = [0] * len(ids), {lab: [0.0] * len(ids) for lab in drafters}, []
+        tokens = {lab: [0] * len(ids) for lab in drafters}
+        steps = {lab: [0] * len(ids) for lab in drafters}
+        same = []
         for r in range(args.rounds):
             for i, x in enumerate(ids):
                 order = [la, lb] if (i + r) % 2 == 0 else [lb, la]
                 res = {}
                 for lab in order:
                     res[lab] = speculative_generate(target, drafters[lab], prompt_ids=x,
-                                                    max_new_tokens=args.max_new_tokens)
+                                                    max_new_tokens=args.max_new_tokens,
+                                                    temperature=args.temperature, seed=r)
                     wall[lab][i] += res[lab].wall_time_s
-                    taus[lab][i] = res[lab].mean_acceptance_length
-                tokens[i] = len(res[la].token_ids)
+                    tokens[lab][i] += len(res[lab].token_ids)
+                    steps[lab][i] += len(res[lab].steps)
                 same.append(res[la].token_ids == res[lb].token_ids)
-        logs = [math.log(wall[lb][i] / wall[la][i]) for i in range(len(ids))]
+        tps = {lab: [tokens[lab][i] / wall[lab][i] for i in range(len(ids))] for lab in drafters}
+        logs = [math.log(tps[la][i] / tps[lb][i]) for i in range(len(ids))]
         m, lo, hi = interval(logs)
-        set_tps = {lab: sum(tokens) * args.rounds / sum(wall[lab]) for lab in drafters}
+        set_tps = {lab: sum(tokens[lab]) / sum(wall[lab]) for lab in drafters}
         out[s] = {"prompts": len(ids), "ratio_geomean": math.exp(m), "ci95": [math.exp(lo), math.exp(hi)],
                   "wins": sum(x > 0 for x in logs), "losses": sum(x < 0 for x in logs),
                   "set_ratio": set_tps[la] / set_tps[lb], "tokens_per_s": set_tps,
-                  "tau": {lab: statistics.fmean(t) for lab, t in taus.items()}, "identical": all(same),
-                  "per_prompt": [{"id": p.get("id", str(i)), "tokens": tokens[i],
-                                  **{f"wall_s_{lab}": wall[lab][i] for lab in drafters}}
+                  # per prompt, committed tokens per verify step, averaged over the prompts
+                  "tau": {lab: statistics.fmean(t / s for t, s in zip(tokens[lab], steps[lab])) for lab in drafters},
+                  "identical": all(same) if args.temperature <= 0 else None,
+                  "per_prompt": [{"id": p.get("id", str(i)),
+                                  **{f"{k}_{lab}": v[lab][i] for lab in drafters
+                                     for k, v in (("tokens", tokens), ("wall_s", wall))}}
                                  for i, p in enumerate(prompts)]}
     return out
 
@@ -99,15 +126,23 @@ def run(args) -> dict:
 def markdown(res: dict, la: str, lb: str, meta: dict) -> str:
     lines = [f"# Tokens/s of {la} over {lb}, paired per prompt", "", f"`{meta['command']}`", "",
              f"{meta['machine']}; {meta['date']}; {meta['wall_s']} s; {meta['rounds']} rounds, alternating order; "
-             f"greedy, {meta['max_new_tokens']} new tokens", "",
+             f"{_mode(meta['temperature'])}, {meta['max_new_tokens']} new tokens", "",
              f"| set | prompts | τ {la} | τ {lb} | per prompt {la} ÷ {lb} (geometric mean) | 95% CI | wins / losses "
              f"| over the set | tokens/s {la} | tokens/s {lb} | same tokens |", "|" + "---|" * 10]
     for s, r in res.items():
         lines.append(f"| {s} | {r['prompts']} | {r['tau'][la]:.2f} | {r['tau'][lb]:.2f} | {r['ratio_geomean']:.3f} | "
                      f"{r['ci95'][0]:.3f} – {r['ci95'][1]:.3f} | {r['wins']} / {r['losses']} | {r['set_ratio']:.3f} | "
                      f"{r['tokens_per_s'][la]:.1f} | {r['tokens_per_s'][lb]:.1f} | "
-                     f"{'yes' if r['identical'] else 'NO'} |")
+                     f"{_same(r['identical'])} |")
     return "\n".join(lines) + "\n"
+
+
+def _mode(temperature: float) -> str:
+    return "greedy" if temperature <= 0 else f"sampled at T = {temperature:g} (round r: seed r)"
+
+
+def _same(identical: bool | None) -> str:
+    return "sampled" if identical is None else "yes" if identical else "NO"
 
 
 def main(argv=None) -> int:
@@ -121,6 +156,7 @@ def main(argv=None) -> int:
             "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, {torch.get_num_threads()} torch threads, "
                        f"torch {torch.__version__}", "date": time.strftime("%Y-%m-%d %H:%M"),
             "rounds": args.rounds, "max_new_tokens": args.max_new_tokens, "a": args.a, "b": args.b,
+            "temperature": args.temperature,
             "wall_s": round(time.time() - started, 1)}
     md = markdown(res, la, lb, meta)
     print(md)
@@ -131,7 +167,7 @@ def main(argv=None) -> int:
             t.write_text(json.dumps({"meta": meta, "results": res}, indent=1))
         with atomic_path(out / "speed_pair.md") as t:
             t.write_text(md)
-    return 0 if all(r["identical"] for r in res.values()) else 1
+    return 0 if all(r["identical"] is not False for r in res.values()) else 1
 
 
 if __name__ == "__main__":

@@ -32,13 +32,37 @@ def test_speed_pair_reports_paired_ratios(tmp_path):
     logs = [math.log(p["wall_s_dfl"] / p["wall_s_dom"]) for p in res["per_prompt"]]
     assert res["ratio_geomean"] == pytest.approx(math.exp(sum(logs) / 3))
     assert res["ci95"][0] <= res["ratio_geomean"] <= res["ci95"][1]
-    tokens = sum(p["tokens"] for p in res["per_prompt"]) * 2
+    tokens = sum(p["tokens_dom"] for p in res["per_prompt"])
+    assert tokens == sum(p["tokens_dfl"] for p in res["per_prompt"]) == 3 * 8 * 2
     assert res["tokens_per_s"]["dom"] == pytest.approx(tokens / sum(p["wall_s_dom"] for p in res["per_prompt"]))
     assert "| math | 3 |" in (tmp_path / "r" / "speed_pair.md").read_text()
 
 
+def test_speed_pair_samples_at_a_temperature_with_options(tmp_path):
+    """At T > 0 each round is a seeded sample; a label's options (@key=value) reach its drafter."""
+    mod = _module()
+    threads = torch.get_num_threads()
+    try:
+        assert mod.main(["--sets", "math", "--limit", "2", "--max-new-tokens", "6", "--rounds", "2", "--threads", "1",
+                         "--temperature", "1", "--a", "fused=default", "--b", "fast=default@head_impl=fast",
+                         "--out", str(tmp_path / "r")]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    out = json.loads((tmp_path / "r" / "speed_pair.json").read_text())
+    res = out["results"]["math"]
+    assert out["meta"]["temperature"] == 1.0 and res["identical"] is None
+    for p in res["per_prompt"]:
+        assert p["tokens_fused"] == p["tokens_fast"] == 12
+    ratios = [(p["tokens_fused"] / p["wall_s_fused"]) / (p["tokens_fast"] / p["wall_s_fast"])
+              for p in res["per_prompt"]]
+    assert res["ratio_geomean"] == pytest.approx(math.exp(sum(map(math.log, ratios)) / 2))
+    assert "sampled at T = 1" in (tmp_path / "r" / "speed_pair.md").read_text()
+
+
 @pytest.mark.parametrize("argv, msg", [(["--rounds", "0"], "--rounds"), (["--a", "default"], "LABEL=SPEC"),
-                                       (["--a", "x=default", "--b", "x=default-dflash"], "different labels")])
+                                       (["--a", "x=default", "--b", "x=default-dflash"], "different labels"),
+                                       (["--temperature", "-1"], "--temperature"),
+                                       (["--a", "x=default@speed=9"], "key=value")])
 def test_speed_pair_bad_arguments(tmp_path, argv, msg):
     with pytest.raises(UserError, match=msg):
         _module().main(argv + ["--out", str(tmp_path / "bad")])
