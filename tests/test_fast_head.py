@@ -2,6 +2,7 @@
 reference."""
 import pytest
 import torch
+import torch.nn.functional as F
 
 from domino_lab import Drafter, speculative_generate
 from domino_lab.models.domino_head import gru_cell
@@ -106,8 +107,8 @@ def test_compiled_rollout_equals_fast(target, trained):
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_fused_rollout_equals_fast(dtype, trained):
-    """The C++ loop drafts what the torch fast path drafts (full vocabulary, pools, a batch of rows, FR-Spec), ranks
-    the same final top-k, and leaves T > 0 to the torch path (same generator -> same samples)."""
+    """The C++ loop drafts what the torch fast path drafts (full vocabulary, pools, a batch of rows, FR-Spec) and
+    ranks the same final top-k; at T > 0 it samples in the loop as well (see the next test)."""
     d = trained if dtype == torch.float64 else Drafter.untrained(tiny_target(vocab=100, hidden=32, dtype=dtype),
                                                                  "domino", seed=3, block_size=8, num_layers=1)
     tol = 1e-9 if dtype == torch.float64 else 1e-4
@@ -123,13 +124,54 @@ def test_fused_rollout_equals_fast(dtype, trained):
             assert torch.equal(f.final_topk[0], u.final_topk[0])
             assert torch.allclose(f.final_topk[1], u.final_topk[1], atol=tol)
             assert torch.equal(f.base_topk[0], u.base_topk[0])
-        sampled = []
-        for impl in ("fast", "fused"):
-            d.set_head(impl)
-            sampled.append(d.draft(feats, 0, anchor, ctx, None, temperature=1.0,
-                                   generator=torch.Generator().manual_seed(5)))
+        d.set_head("fused")
+        sampled = [d.draft(feats, 0, anchor, ctx, None, temperature=1.0, generator=torch.Generator().manual_seed(5))
+                   for _ in range(2)]              # sampled in the loop too: a seed reproduces its drafts
         assert torch.equal(sampled[0].tokens, sampled[1].tokens) and torch.equal(sampled[0].q, sampled[1].q)
+        assert (sampled[0].q.gather(-1, sampled[0].tokens.unsqueeze(-1)) > 0).all()
     d.set_head("fused")
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("frspec", [False, True])
+def test_fused_sampled_rollout_draws_from_the_heads_own_q(dtype, frspec):
+    """At T > 0 the loop's q for every slot is softmax(final logits / T) of the head run teacher-forced on the
+    prefix it drew (nn.GRU, the full correction), over the FR-Spec list when there is one; its samples follow q."""
+    from domino_lab.models.domino_head import DominoHead
+
+    torch.manual_seed(0)
+    V, H, n, b = 60, 16, 5, 3
+    head = DominoHead(H, 12, 6, V).to(dtype)
+    emb = torch.randn(V, H, dtype=dtype)
+    ids = torch.arange(2, V, 3) if frspec else None
+    h = torch.randn(b, n, H, dtype=dtype)
+    base = 2 * torch.randn(b, n, V if ids is None else len(ids), dtype=dtype)
+    anchor = torch.tensor([0, 7, 59])
+    top = base.topk(3)
+    assert head.fused_weights(emb) is not None            # the loop runs here (no fallback to the torch path)
+    tol = 1e-12 if dtype == torch.float64 else 1e-5
+    for temp in (0.6, 1.7):
+        r = head.rollout(h, base, anchor, emb, n, (top.indices, top.values), temperature=temp,
+                         generator=torch.Generator().manual_seed(3), impl="fused", vocab_ids=ids)
+        prefix = torch.cat([anchor[:, None], r.tokens[:, :-1]], 1)
+        with torch.no_grad():
+            s = head.prefix_states(F.embedding(prefix, emb))
+            delta = head.correction(h, s)
+        final = base.clone()
+        final[:, 1:] += (delta if ids is None else delta[..., ids])[:, 1:]
+        want = torch.softmax(final.double() / temp, -1)
+        if ids is not None:
+            want = torch.zeros(b, n, V, dtype=torch.float64).index_copy_(-1, ids, want)
+            assert set(r.tokens.flatten().tolist()) <= set(ids.tolist())
+        assert torch.allclose(r.q, want, atol=tol), (r.q - want).abs().max()
+        assert (r.q.gather(-1, r.tokens.unsqueeze(-1)) > 0).all()
+    # the draws follow q: slot 0 (the base softmax, which does not depend on earlier draws) over many seeds
+    counts = torch.zeros(V, dtype=torch.float64)
+    for seed in range(3000):
+        r = head.rollout(h[:1], base[:1], anchor[:1], emb, 1, (top.indices[:1], top.values[:1]), temperature=1.0,
+                         generator=torch.Generator().manual_seed(seed), impl="fused", vocab_ids=ids)
+        counts[r.tokens[0, 0]] += 1
+    assert 0.5 * (counts / 3000 - r.q[0, 0]).abs().sum() < 0.05
 
 
 def test_fused_rollout_under_frspec_equals_fast(target):

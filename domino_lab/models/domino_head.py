@@ -13,9 +13,10 @@ Inference paths, all in this module (docs/design.md#inference-paths-of-the-head)
   K = 0 scores the full vocabulary and gives the eager drafts);
 - `compiled`: the fast greedy rollout as one `torch.compile`d graph (no per-step Python or allocation; CUDA graphs
   on CUDA via mode="reduce-overhead"); falls back to `fast` with a warning where compilation is unavailable;
-- `fused`: the fast greedy rollout as one C++ loop on the CPU (head_kernel.py; the default, because op
-  dispatch, not arithmetic, is the head's cost on a CPU); falls back to `fast` on GPUs, for T > 0, and where no
-  C++ compiler is found.
+- `fused`: the fast rollout as one C++ loop on the CPU (head_kernel.py; the default, because op dispatch, not
+  arithmetic, is the head's cost on a CPU), greedy or sampled at top-p 1 (a sampled slot draws from its q by
+  inverse CDF with a uniform taken from the caller's generator); falls back to `fast` on GPUs, for top-p < 1, and
+  where no C++ compiler is found.
 """
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ from torch import nn
 
 from ..sampling import sample_from, top_children
 from .frspec import q_to_vocab, to_vocab
-from .head_kernel import FusedWeights, fused_branch_level, fused_greedy_rollout, prepare
+from .head_kernel import FusedWeights, fused_branch_level, fused_greedy_rollout, fused_sampled_rollout, prepare
 
 
 @dataclass
@@ -113,8 +114,8 @@ class DominoHead(nn.Module):
         top-k (vocabulary ids, values) [b, n, k], which is slot 0's final top-k (draft 0 is uncorrected).
 
         impl: "eager" (nn.GRU, full-vocabulary correction: the reference), "fast" (torch ops), "compiled"
-        (torch.compile) or "fused" (the C++ loop of head_kernel.py); the latter two apply to greedy drafting and
-        fall back to "fast" where they cannot run.
+        (torch.compile: greedy only) or "fused" (the C++ loop of head_kernel.py: greedy, or sampled at top-p 1);
+        both fall back to "fast" where they cannot run.
 
         Greedy fast paths score the correction on a pool of K tokens and draft its argmax. At T > 0 the pool is not
         used: a draft sampled from a softmax over K tokens would be exact (q is what it was drawn from) but q would
@@ -136,6 +137,12 @@ class DominoHead(nn.Module):
                                                                topk)
             if out is not None:
                 return Rollout(out[0], None, out[3])
+        if temperature > 0 and top_p >= 1.0 and impl == "fused":
+            fw = self.fused_weights(embed_weight)
+            out = None if fw is None else fused_sampled_rollout(fw, h[:, :n], base[:, :n], anchor, temperature,
+                                                                generator, vocab_ids, topk)
+            if out is not None:
+                return Rollout(out[0], q_to_vocab(out[1], vocab_ids, embed_weight.shape[0]), out[2])
         table, w_s, w1_h = self.fast_weights(embed_weight)
         w2 = self.w2.weight
         if vocab_ids is not None:

@@ -119,6 +119,24 @@ template <typename T> void vecmat(const T* __restrict__ s, const T* __restrict__
     }
 }
 
+// Slot i >= 1: feed the previous draft to the GRU (its recurrent gates W_hh s are proj[r:]), refresh
+// proj = s . [W1_S ; W_hh]^T (the recurrent part only while a later slot needs it) and form the correction's input
+// u = SiLU(W1_H h_i + W1_S s) [r].
+template <typename T>
+inline void advance(int64_t tok, int64_t i, int64_t n, int64_t g, int64_t r, int64_t H, const T* table, const T* w_s,
+                    const T* w1_h, const T* hi, T* s, T* proj, T* u) {
+    const int64_t C = r + 3 * g;
+    gru_step(table + tok * 3 * g, proj + r, s, s, g);
+    vecmat(s, w_s, g, C, i + 1 < n ? C : r, proj, i % 2 == 1);
+    for (int64_t j = 0; j < r; ++j) {
+        const T* w = w1_h + j * H;
+        T x = proj[j];
+#pragma omp simd reduction(+ : x)
+        for (int64_t c = 0; c < H; ++c) x += w[c] * hi[c];
+        u[j] = x * sigmoid(x);
+    }
+}
+
 // Returns 0, or 1 when an anchor id lies outside the table (nothing is read out of bounds).
 template <typename T>
 int64_t rollout(int64_t b, int64_t n, int64_t Vd, int64_t K, int64_t g, int64_t r, int64_t H, int64_t V, int64_t kt,
@@ -158,16 +176,7 @@ int64_t rollout(int64_t b, int64_t n, int64_t Vd, int64_t K, int64_t g, int64_t 
         gru_step<T>(table + anchor[bi] * 3 * g, nullptr, nullptr, s, g);
         vecmat(s, w_s, g, C, n > 1 ? C : r, proj, false);
         for (int64_t i = 1; i < n; ++i) {
-            gru_step(table + tok * 3 * g, proj + r, s, s, g);           // feed the previous draft; W_hh s = proj[r:]
-            vecmat(s, w_s, g, C, i + 1 < n ? C : r, proj, i % 2 == 1);
-            const T* hi = h + (bi * n + i) * H;                         // u = SiLU(W1_H h_i + W1_S s)
-            for (int64_t j = 0; j < r; ++j) {
-                const T* w = w1_h + j * H;
-                T x = proj[j];
-#pragma omp simd reduction(+ : x)
-                for (int64_t c = 0; c < H; ++c) x += w[c] * hi[c];
-                u[j] = x * sigmoid(x);
-            }
+            advance(tok, i, n, g, r, H, table, w_s, w1_h, h + (bi * n + i) * H, s, proj, u);
             const T* Bi = B + i * Vd;
             T* Fi = F + i * K;
             for (int64_t k = 0; k < K; ++k) {
@@ -180,6 +189,65 @@ int64_t rollout(int64_t b, int64_t n, int64_t Vd, int64_t K, int64_t g, int64_t 
             }
             top_small(Fi, K, kt, [&](int64_t k) { return vid(col(k)); }, TI + i * kt, TV + i * kt);
             tok = TI[i * kt];
+            tokens[bi * n + i] = tok;
+        }
+    }
+    return 0;
+}
+
+// The same rollout sampled at temperature 1/inv_temp (top-p 1) over the whole draft vocabulary (no pool: a sample
+// needs q's full support): every slot's final logits L (slot 0: the base), q = softmax(L inv_temp) in double, and
+// the draft is the first index whose running sum of q exceeds the slot's uniform u (inverse CDF; u drawn by the
+// caller from its generator, so a seed reproduces the drafts). q comes out as drawn from: [b, n, Vd] over the
+// draft vocabulary. A u at or above the sum (rounding) takes the last index with q > 0.
+template <typename T>
+int64_t rollout_sampled(int64_t b, int64_t n, int64_t Vd, int64_t g, int64_t r, int64_t H, int64_t V, int64_t kt,
+                        double inv_temp, const T* base, const T* h, const T* w1_h, const T* table, const T* w_s,
+                        const T* w2, const int64_t* vmap, const int64_t* anchor, const double* uniforms,
+                        int64_t* tokens, double* q, int64_t* top_ids, T* top_vals) {
+    for (int64_t bi = 0; bi < b; ++bi)
+        if (anchor[bi] < 0 || anchor[bi] >= V) return 1;
+    const int64_t C = r + 3 * g;
+    std::vector<T> scratch(Vd + g + C + r);
+    T* L = scratch.data();    // [Vd] this slot's final logits
+    T* s = L + Vd;            // [g] GRU state
+    T* proj = s + g;          // [C]
+    T* u = proj + C;          // [r]
+    auto vid = [&](int64_t d) { return vmap ? vmap[d] : d; };
+    for (int64_t bi = 0; bi < b; ++bi) {
+        const T* B = base + bi * n * Vd;
+        int64_t tok = 0;
+        for (int64_t i = 0; i < n; ++i) {
+            const T* Bi = B + i * Vd;
+            if (i == 0) {
+                for (int64_t d = 0; d < Vd; ++d) L[d] = Bi[d];
+                gru_step<T>(table + anchor[bi] * 3 * g, nullptr, nullptr, s, g);
+                vecmat(s, w_s, g, C, n > 1 ? C : r, proj, false);
+            } else {
+                advance(tok, i, n, g, r, H, table, w_s, w1_h, h + (bi * n + i) * H, s, proj, u);
+                for (int64_t d = 0; d < Vd; ++d) {
+                    const T* w = w2 + vid(d) * r;
+                    T acc = T(0);
+#pragma omp simd reduction(+ : acc)
+                    for (int64_t j = 0; j < r; ++j) acc += u[j] * w[j];
+                    L[d] = Bi[d] + acc;
+                }
+            }
+            top_small(L, Vd, kt, vid, top_ids + (bi * n + i) * kt, top_vals + (bi * n + i) * kt);
+            double* Q = q + (bi * n + i) * Vd;
+            const double mx = double(top_vals[(bi * n + i) * kt]);
+            double sum = 0.0;
+            for (int64_t d = 0; d < Vd; ++d) sum += (Q[d] = std::exp((double(L[d]) - mx) * inv_temp));
+            const double target = uniforms[bi * n + i];
+            double run = 0.0;
+            int64_t pick = -1, last = 0;
+            for (int64_t d = 0; d < Vd; ++d) {
+                Q[d] /= sum;
+                if (Q[d] > 0.0) last = d;
+                run += Q[d];
+                if (pick < 0 && run > target && Q[d] > 0.0) pick = d;
+            }
+            tok = vid(pick < 0 ? last : pick);
             tokens[bi * n + i] = tok;
         }
     }
@@ -264,9 +332,21 @@ int64_t branch_level(int64_t m, int64_t np, int64_t g, int64_t r, int64_t K, int
         return branch_level<T>(m, np, g, r, K, V, kt, prev, parent, tokens, table, w_s, hw, scores, w2, cols,      \
                                states, top_logp, top_ids, top_vals);                                               \
     }
+// rollout_sampled: the rollout's operands without the pool, inv_temp, uniforms [b, n] (double); out: tokens [b, n],
+// q [b, n, Vd] (double), top_ids / top_vals [b, n, kt].
+#define SAMPLED_ENTRY(NAME, T)                                                                                     \
+    int64_t NAME(int64_t b, int64_t n, int64_t Vd, int64_t g, int64_t r, int64_t H, int64_t V, int64_t kt,        \
+                 double inv_temp, const T* base, const T* h, const T* w1_h, const T* table, const T* w_s,          \
+                 const T* w2, const int64_t* vmap, const int64_t* anchor, const double* uniforms, int64_t* tokens, \
+                 double* q, int64_t* top_ids, T* top_vals) {                                                       \
+        return rollout_sampled<T>(b, n, Vd, g, r, H, V, kt, inv_temp, base, h, w1_h, table, w_s, w2, vmap, anchor, \
+                                  uniforms, tokens, q, top_ids, top_vals);                                         \
+    }
 extern "C" {
 DOMINO_ENTRY(domino_rollout_f32, float)
 DOMINO_ENTRY(domino_rollout_f64, double)
 BRANCH_ENTRY(domino_branches_f32, float)
 BRANCH_ENTRY(domino_branches_f64, double)
+SAMPLED_ENTRY(domino_sampled_f32, float)
+SAMPLED_ENTRY(domino_sampled_f64, double)
 }

@@ -1,5 +1,5 @@
-"""head_impl = "fused": the Domino head's greedy rollout as one C++ loop on the CPU (head_kernel.cpp), and one level
-of tree drafting (every branch's GRU step and its children's ranking) as another.
+"""head_impl = "fused": the Domino head's rollout as one C++ loop on the CPU (head_kernel.cpp), greedy or sampled
+(top-p 1), and one level of tree drafting (every branch's GRU step and its children's ranking) as another.
 
 Why a hand-written loop: on 2 CPU cores the rollout is ~30 tiny tensor ops per slot, and their dispatch costs far
 more than their arithmetic. Measured on the embedded default inside decoding (block 8, K = 64): the torch-op fast
@@ -38,6 +38,7 @@ FLAG_SETS = (["-O3", "-march=native", "-fopenmp-simd", "-fno-trapping-math"], ["
 COMMON = ["-std=c++17", "-shared", "-fPIC"]
 _FUNCS = {torch.float32: "domino_rollout_f32", torch.float64: "domino_rollout_f64"}
 _BRANCH_FUNCS = {torch.float32: "domino_branches_f32", torch.float64: "domino_branches_f64"}
+_SAMPLED_FUNCS = {torch.float32: "domino_sampled_f32", torch.float64: "domino_sampled_f64"}
 _lib: ctypes.CDLL | None | bool = None       # None: not tried yet; False: unavailable (warned once)
 
 
@@ -108,6 +109,10 @@ def library() -> ctypes.CDLL | None:
                 fn = getattr(lib, name)
                 fn.restype = ctypes.c_int64
                 fn.argtypes = [ctypes.c_int64] * 7 + [ctypes.c_void_p] * 13
+            for name in _SAMPLED_FUNCS.values():
+                fn = getattr(lib, name)
+                fn.restype = ctypes.c_int64
+                fn.argtypes = [ctypes.c_int64] * 8 + [ctypes.c_double] + [ctypes.c_void_p] * 13
             _lib = lib
         except (OSError, RuntimeError, subprocess.SubprocessError) as e:
             warnings.warn(f"head_impl='fused' unavailable ({e}); using 'fast' (same drafts, slower)")
@@ -167,6 +172,36 @@ def fused_greedy_rollout(fw: FusedWeights, h, base, anchor, pool: int, vocab_ids
              ids.data_ptr(), top_ids.data_ptr(), top_vals.data_ptr()):
         raise IndexError(f"anchor ids must lie in [0, {fw.sizes[3]}), got {anchor.tolist()}")
     return tokens, finals, (None if k == vd else ids), (top_ids, top_vals)
+
+
+def fused_sampled_rollout(fw: FusedWeights, h, base, anchor, temperature: float, generator=None, vocab_ids=None,
+                          topk: int = 5):
+    """Drafts sampled at `temperature` (top-p 1) with the fused loop, over the whole draft vocabulary: h [b, n, H],
+    base [b, n, Vd] (FR-Spec: `vocab_ids` [Vd]), anchor [b]. One uniform per slot is drawn from `generator` first,
+    so a seed reproduces the drafts. Returns (tokens [b, n] vocabulary ids, q [b, n, Vd] float64: the distribution
+    over the draft vocabulary each draft was drawn from, (ids, values) [b, n, min(topk, Vd)] of each slot's largest
+    final logits); None where the inputs cannot go to the loop."""
+    dtype, lib = fw.dtype, library()
+    if lib is None or base.dtype != dtype or h.dtype != dtype or base.device.type != "cpu":
+        return None
+    b, n, vd = base.shape
+    kt = max(1, min(topk, vd))
+    base, h, anchor = base.contiguous(), h.contiguous(), anchor.long().contiguous()
+    uniforms = torch.rand(b, n, generator=generator, dtype=torch.float64)
+    tokens = torch.empty(b, n, dtype=torch.long)
+    q = torch.empty(b, n, vd, dtype=torch.float64)
+    top_ids, top_vals = torch.empty(b, n, kt, dtype=torch.long), torch.empty(b, n, kt, dtype=dtype)
+    vmap = None if vocab_ids is None else vocab_ids.contiguous()
+    g, r, H, V = fw.sizes
+    w1_h, table, w_s, w2 = fw.ptrs
+    # every tensor the loop reads through an address is held by a local name until it returns
+    if getattr(lib, _SAMPLED_FUNCS[dtype])(b, n, vd, g, r, H, V, kt, 1.0 / temperature, base.data_ptr(),
+                                           h.data_ptr(), w1_h, table, w_s, w2,
+                                           None if vmap is None else vmap.data_ptr(), anchor.data_ptr(),
+                                           uniforms.data_ptr(), tokens.data_ptr(), q.data_ptr(), top_ids.data_ptr(),
+                                           top_vals.data_ptr()):
+        raise IndexError(f"anchor ids must lie in [0, {V}), got {anchor.tolist()}")
+    return tokens, q, (top_ids, top_vals)
 
 
 def fused_branch_level(fw: FusedWeights, prev: torch.Tensor, parent: torch.Tensor, tokens: torch.Tensor,

@@ -12,10 +12,11 @@ BATCH_DRAFTS = ("adaptive", "all")
 
 @dataclass
 class InferenceOptions:
-    # The Domino head's inference path (docs/design.md#inference-paths-of-the-head): "fused" = the greedy rollout
-    # as one C++ loop on the CPU (T > 0, GPUs and machines without a C++ compiler fall back to "fast"); "fast" =
-    # precomputed GRU input table + candidate pool in torch ops; "compiled" = the fast greedy rollout under
-    # torch.compile; "eager" = nn.GRU + full-vocabulary correction (the reference the others are checked against).
+    # The Domino head's inference path (docs/design.md#inference-paths-of-the-head): "fused" = the rollout as one
+    # C++ loop on the CPU, greedy or sampled (top-p < 1, GPUs and machines without a C++ compiler fall back to
+    # "fast"); "fast" = precomputed GRU input table + candidate pool in torch ops; "compiled" = the fast greedy
+    # rollout under torch.compile; "eager" = nn.GRU + full-vocabulary correction (the reference the others are
+    # checked against).
     head_impl: str = "fused"
     # Greedy drafting scores the head's correction only on the top-K tokens of the block's per-token max base
     # logits; 0 = the full vocabulary (exact). 64 keeps τ equal to the exact head on the embedded default
