@@ -135,8 +135,10 @@ def test_fused_rollout_equals_fast(dtype, trained):
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("frspec", [False, True])
 def test_fused_sampled_rollout_draws_from_the_heads_own_q(dtype, frspec):
-    """At T > 0 the loop's q for every slot is softmax(final logits / T) of the head run teacher-forced on the
-    prefix it drew (nn.GRU, the full correction), over the FR-Spec list when there is one; its samples follow q."""
+    """At T > 0 the loop's q for every slot is softmax(final logits / T), cut to the top-p nucleus, of the head run
+    teacher-forced on the prefix it drew (nn.GRU, the full correction), over the FR-Spec list when there is one; its
+    samples follow q."""
+    from domino_lab.sampling import warp_probs
     from domino_lab.models.domino_head import DominoHead
 
     torch.manual_seed(0)
@@ -150,8 +152,8 @@ def test_fused_sampled_rollout_draws_from_the_heads_own_q(dtype, frspec):
     top = base.topk(3)
     assert head.fused_weights(emb) is not None            # the loop runs here (no fallback to the torch path)
     tol = 1e-12 if dtype == torch.float64 else 1e-5
-    for temp in (0.6, 1.7):
-        r = head.rollout(h, base, anchor, emb, n, (top.indices, top.values), temperature=temp,
+    for temp, top_p in ((0.6, 1.0), (1.7, 1.0), (1.0, 0.7), (1.7, 0.3)):
+        r = head.rollout(h, base, anchor, emb, n, (top.indices, top.values), temperature=temp, top_p=top_p,
                          generator=torch.Generator().manual_seed(3), impl="fused", vocab_ids=ids)
         prefix = torch.cat([anchor[:, None], r.tokens[:, :-1]], 1)
         with torch.no_grad():
@@ -159,19 +161,22 @@ def test_fused_sampled_rollout_draws_from_the_heads_own_q(dtype, frspec):
             delta = head.correction(h, s)
         final = base.clone()
         final[:, 1:] += (delta if ids is None else delta[..., ids])[:, 1:]
-        want = torch.softmax(final.double() / temp, -1)
+        want = warp_probs(final.flatten(0, 1), temp, top_p).view(b, n, -1)
+        if top_p < 1:
+            assert ((r.q > 0).sum(-1) < final.shape[-1]).all()      # the nucleus cut something in every slot
         if ids is not None:
             want = torch.zeros(b, n, V, dtype=torch.float64).index_copy_(-1, ids, want)
             assert set(r.tokens.flatten().tolist()) <= set(ids.tolist())
         assert torch.allclose(r.q, want, atol=tol), (r.q - want).abs().max()
         assert (r.q.gather(-1, r.tokens.unsqueeze(-1)) > 0).all()
     # the draws follow q: slot 0 (the base softmax, which does not depend on earlier draws) over many seeds
-    counts = torch.zeros(V, dtype=torch.float64)
-    for seed in range(3000):
-        r = head.rollout(h[:1], base[:1], anchor[:1], emb, 1, (top.indices[:1], top.values[:1]), temperature=1.0,
-                         generator=torch.Generator().manual_seed(seed), impl="fused", vocab_ids=ids)
-        counts[r.tokens[0, 0]] += 1
-    assert 0.5 * (counts / 3000 - r.q[0, 0]).abs().sum() < 0.05
+    for top_p in (1.0, 0.6):
+        counts = torch.zeros(V, dtype=torch.float64)
+        for seed in range(3000):
+            r = head.rollout(h[:1], base[:1], anchor[:1], emb, 1, (top.indices[:1], top.values[:1]), temperature=1.0,
+                             top_p=top_p, generator=torch.Generator().manual_seed(seed), impl="fused", vocab_ids=ids)
+            counts[r.tokens[0, 0]] += 1
+        assert counts[r.q[0, 0] == 0].sum() == 0 and 0.5 * (counts / 3000 - r.q[0, 0]).abs().sum() < 0.05
 
 
 def test_fused_rollout_under_frspec_equals_fast(target):

@@ -84,6 +84,26 @@ def test_wrong_acceptance_rule_is_caught(setup, monkeypatch):
     assert tv(counts, exact, N // 2) > 0.3
 
 
+def test_top_p_sampling_matches_the_targets_nucleus_distribution():
+    """With top-p < 1 the output follows the target's top-p distribution at every position (the drafter's q is cut
+    to its own nucleus, in the head's loop for Domino): TV against the enumerated distribution."""
+    target = tiny_target(vocab=5, layers=3, hidden=16, eos=None, logit_scale=20.0)
+    target.eos_token_ids = set()
+    drafter = Drafter.untrained(target, "domino", seed=1, block_size=3)
+    prompt, top_p = [1, 2, 0], 0.75
+    exact = {}
+    for seq in itertools.product(range(5), repeat=3):
+        with torch.no_grad():
+            logits = target.model(torch.tensor([prompt + list(seq)])).logits[0, len(prompt) - 1: -1]
+        probs = sampling.warp_probs(logits, 1.0, top_p)
+        exact[seq] = float(torch.prod(probs[torch.arange(3), torch.tensor(seq)]))
+    assert sum(1 for p in exact.values() if p > 0) < 125 and max(exact.values()) < 0.9     # the cut matters
+    counts = Counter(tuple(speculative_generate(target, drafter, prompt_ids=prompt, max_new_tokens=3, temperature=1.0,
+                                                top_p=top_p, seed=s).token_ids) for s in range(N))
+    assert sum(c for seq, c in counts.items() if exact[seq] == 0) == 0      # nothing outside the nucleus
+    assert tv(counts, exact, N) < 0.08
+
+
 @pytest.mark.parametrize("n", [0, 1, 4, 8])
 def test_greedy_acceptance_stops_at_the_first_draft_the_target_disagrees_with(n):
     g = torch.Generator().manual_seed(n)

@@ -14,9 +14,8 @@ Inference paths, all in this module (docs/design.md#inference-paths-of-the-head)
 - `compiled`: the fast greedy rollout as one `torch.compile`d graph (no per-step Python or allocation; CUDA graphs
   on CUDA via mode="reduce-overhead"); falls back to `fast` with a warning where compilation is unavailable;
 - `fused`: the fast rollout as one C++ loop on the CPU (head_kernel.py; the default, because op dispatch, not
-  arithmetic, is the head's cost on a CPU), greedy or sampled at top-p 1 (a sampled slot draws from its q by
-  inverse CDF with a uniform taken from the caller's generator); falls back to `fast` on GPUs, for top-p < 1, and
-  where no C++ compiler is found.
+  arithmetic, is the head's cost on a CPU), greedy or sampled (a sampled slot draws from its q by inverse CDF with
+  a uniform taken from the caller's generator); falls back to `fast` on GPUs and where no C++ compiler is found.
 """
 from __future__ import annotations
 
@@ -114,7 +113,7 @@ class DominoHead(nn.Module):
         top-k (vocabulary ids, values) [b, n, k], which is slot 0's final top-k (draft 0 is uncorrected).
 
         impl: "eager" (nn.GRU, full-vocabulary correction: the reference), "fast" (torch ops), "compiled"
-        (torch.compile: greedy only) or "fused" (the C++ loop of head_kernel.py: greedy, or sampled at top-p 1);
+        (torch.compile: greedy only) or "fused" (the C++ loop of head_kernel.py: greedy or sampled);
         both fall back to "fast" where they cannot run.
 
         Greedy fast paths score the correction on a pool of K tokens and draft its argmax. At T > 0 the pool is not
@@ -137,10 +136,10 @@ class DominoHead(nn.Module):
                                                                topk)
             if out is not None:
                 return Rollout(out[0], None, out[3])
-        if temperature > 0 and top_p >= 1.0 and impl == "fused":
+        if temperature > 0 and impl == "fused":
             fw = self.fused_weights(embed_weight)
             out = None if fw is None else fused_sampled_rollout(fw, h[:, :n], base[:, :n], anchor, temperature,
-                                                                generator, vocab_ids, topk)
+                                                                top_p, generator, vocab_ids, topk)
             if out is not None:
                 return Rollout(out[0], q_to_vocab(out[1], vocab_ids, embed_weight.shape[0]), out[2])
         table, w_s, w1_h = self.fast_weights(embed_weight)

@@ -6,6 +6,7 @@
 // and the draft is the argmax of base + ΔL. Written out by hand because on a CPU the rollout is ~30 tiny ops per
 // slot and PyTorch's per-op dispatch (eager) or per-call guards (torch.compile) cost more than the arithmetic.
 // Built on first use by head_kernel.py with the system C++ compiler and called through ctypes; no torch headers.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -195,20 +196,22 @@ int64_t rollout(int64_t b, int64_t n, int64_t Vd, int64_t K, int64_t g, int64_t 
     return 0;
 }
 
-// The same rollout sampled at temperature 1/inv_temp (top-p 1) over the whole draft vocabulary (no pool: a sample
-// needs q's full support): every slot's final logits L (slot 0: the base), q = softmax(L inv_temp) in double, and
-// the draft is the first index whose running sum of q exceeds the slot's uniform u (inverse CDF; u drawn by the
-// caller from its generator, so a seed reproduces the drafts). q comes out as drawn from: [b, n, Vd] over the
-// draft vocabulary. A u at or above the sum (rounding) takes the last index with q > 0.
+// The same rollout sampled at temperature 1/inv_temp over the whole draft vocabulary (no pool: a sample needs q's
+// full support): every slot's final logits L (slot 0: the base), q = softmax(L inv_temp) in double, cut to its
+// top-p nucleus as sampling.warp_probs does (the largest probabilities while the mass before them is < top_p,
+// renormalised), and the draft is the first index whose running sum of q exceeds the slot's uniform u (inverse
+// CDF; u drawn by the caller from its generator, so a seed reproduces the drafts). q comes out as drawn from:
+// [b, n, Vd] over the draft vocabulary. A u at or above the sum (rounding) takes the last index with q > 0.
 template <typename T>
 int64_t rollout_sampled(int64_t b, int64_t n, int64_t Vd, int64_t g, int64_t r, int64_t H, int64_t V, int64_t kt,
-                        double inv_temp, const T* base, const T* h, const T* w1_h, const T* table, const T* w_s,
-                        const T* w2, const int64_t* vmap, const int64_t* anchor, const double* uniforms,
-                        int64_t* tokens, double* q, int64_t* top_ids, T* top_vals) {
+                        double inv_temp, double top_p, const T* base, const T* h, const T* w1_h, const T* table,
+                        const T* w_s, const T* w2, const int64_t* vmap, const int64_t* anchor,
+                        const double* uniforms, int64_t* tokens, double* q, int64_t* top_ids, T* top_vals) {
     for (int64_t bi = 0; bi < b; ++bi)
         if (anchor[bi] < 0 || anchor[bi] >= V) return 1;
     const int64_t C = r + 3 * g;
     std::vector<T> scratch(Vd + g + C + r);
+    std::vector<int64_t> order(top_p < 1.0 ? Vd : 0);
     T* L = scratch.data();    // [Vd] this slot's final logits
     T* s = L + Vd;            // [g] GRU state
     T* proj = s + g;          // [C]
@@ -238,6 +241,22 @@ int64_t rollout_sampled(int64_t b, int64_t n, int64_t Vd, int64_t g, int64_t r, 
             const double mx = double(top_vals[(bi * n + i) * kt]);
             double sum = 0.0;
             for (int64_t d = 0; d < Vd; ++d) sum += (Q[d] = std::exp((double(L[d]) - mx) * inv_temp));
+            if (top_p < 1.0) {
+                for (int64_t d = 0; d < Vd; ++d) Q[d] /= sum;
+                for (int64_t d = 0; d < Vd; ++d) order[d] = d;
+                std::sort(order.begin(), order.end(), [&](int64_t a, int64_t c) {
+                    return Q[a] > Q[c] || (Q[a] == Q[c] && a < c);
+                });
+                double before = 0.0;
+                sum = 0.0;
+                for (int64_t k = 0; k < Vd; ++k) {
+                    const int64_t d = order[k];
+                    const double p = Q[d];
+                    if (before >= top_p) Q[d] = 0.0;
+                    before += p;
+                    sum += Q[d];
+                }
+            }
             const double target = uniforms[bi * n + i];
             double run = 0.0;
             int64_t pick = -1, last = 0;
@@ -332,15 +351,15 @@ int64_t branch_level(int64_t m, int64_t np, int64_t g, int64_t r, int64_t K, int
         return branch_level<T>(m, np, g, r, K, V, kt, prev, parent, tokens, table, w_s, hw, scores, w2, cols,      \
                                states, top_logp, top_ids, top_vals);                                               \
     }
-// rollout_sampled: the rollout's operands without the pool, inv_temp, uniforms [b, n] (double); out: tokens [b, n],
-// q [b, n, Vd] (double), top_ids / top_vals [b, n, kt].
+// rollout_sampled: the rollout's operands without the pool, inv_temp, top_p, uniforms [b, n] (double); out:
+// tokens [b, n], q [b, n, Vd] (double), top_ids / top_vals [b, n, kt].
 #define SAMPLED_ENTRY(NAME, T)                                                                                     \
     int64_t NAME(int64_t b, int64_t n, int64_t Vd, int64_t g, int64_t r, int64_t H, int64_t V, int64_t kt,        \
-                 double inv_temp, const T* base, const T* h, const T* w1_h, const T* table, const T* w_s,          \
-                 const T* w2, const int64_t* vmap, const int64_t* anchor, const double* uniforms, int64_t* tokens, \
-                 double* q, int64_t* top_ids, T* top_vals) {                                                       \
-        return rollout_sampled<T>(b, n, Vd, g, r, H, V, kt, inv_temp, base, h, w1_h, table, w_s, w2, vmap, anchor, \
-                                  uniforms, tokens, q, top_ids, top_vals);                                         \
+                 double inv_temp, double top_p, const T* base, const T* h, const T* w1_h, const T* table,          \
+                 const T* w_s, const T* w2, const int64_t* vmap, const int64_t* anchor, const double* uniforms,    \
+                 int64_t* tokens, double* q, int64_t* top_ids, T* top_vals) {                                      \
+        return rollout_sampled<T>(b, n, Vd, g, r, H, V, kt, inv_temp, top_p, base, h, w1_h, table, w_s, w2, vmap,  \
+                                  anchor, uniforms, tokens, q, top_ids, top_vals);                                 \
     }
 extern "C" {
 DOMINO_ENTRY(domino_rollout_f32, float)

@@ -1,5 +1,5 @@
-"""head_impl = "fused": the Domino head's rollout as one C++ loop on the CPU (head_kernel.cpp), greedy or sampled
-(top-p 1), and one level of tree drafting (every branch's GRU step and its children's ranking) as another.
+"""head_impl = "fused": the Domino head's rollout as one C++ loop on the CPU (head_kernel.cpp), greedy or sampled,
+and one level of tree drafting (every branch's GRU step and its children's ranking) as another.
 
 Why a hand-written loop: on 2 CPU cores the rollout is ~30 tiny tensor ops per slot, and their dispatch costs far
 more than their arithmetic. Measured on the embedded default inside decoding (block 8, K = 64): the torch-op fast
@@ -112,7 +112,7 @@ def library() -> ctypes.CDLL | None:
             for name in _SAMPLED_FUNCS.values():
                 fn = getattr(lib, name)
                 fn.restype = ctypes.c_int64
-                fn.argtypes = [ctypes.c_int64] * 8 + [ctypes.c_double] + [ctypes.c_void_p] * 13
+                fn.argtypes = [ctypes.c_int64] * 8 + [ctypes.c_double] * 2 + [ctypes.c_void_p] * 13
             _lib = lib
         except (OSError, RuntimeError, subprocess.SubprocessError) as e:
             warnings.warn(f"head_impl='fused' unavailable ({e}); using 'fast' (same drafts, slower)")
@@ -174,9 +174,9 @@ def fused_greedy_rollout(fw: FusedWeights, h, base, anchor, pool: int, vocab_ids
     return tokens, finals, (None if k == vd else ids), (top_ids, top_vals)
 
 
-def fused_sampled_rollout(fw: FusedWeights, h, base, anchor, temperature: float, generator=None, vocab_ids=None,
-                          topk: int = 5):
-    """Drafts sampled at `temperature` (top-p 1) with the fused loop, over the whole draft vocabulary: h [b, n, H],
+def fused_sampled_rollout(fw: FusedWeights, h, base, anchor, temperature: float, top_p: float = 1.0, generator=None,
+                          vocab_ids=None, topk: int = 5):
+    """Drafts sampled at `temperature` and `top_p` with the fused loop, over the whole draft vocabulary: h [b, n, H],
     base [b, n, Vd] (FR-Spec: `vocab_ids` [Vd]), anchor [b]. One uniform per slot is drawn from `generator` first,
     so a seed reproduces the drafts. Returns (tokens [b, n] vocabulary ids, q [b, n, Vd] float64: the distribution
     over the draft vocabulary each draft was drawn from, (ids, values) [b, n, min(topk, Vd)] of each slot's largest
@@ -195,7 +195,7 @@ def fused_sampled_rollout(fw: FusedWeights, h, base, anchor, temperature: float,
     g, r, H, V = fw.sizes
     w1_h, table, w_s, w2 = fw.ptrs
     # every tensor the loop reads through an address is held by a local name until it returns
-    if getattr(lib, _SAMPLED_FUNCS[dtype])(b, n, vd, g, r, H, V, kt, 1.0 / temperature, base.data_ptr(),
+    if getattr(lib, _SAMPLED_FUNCS[dtype])(b, n, vd, g, r, H, V, kt, 1.0 / temperature, top_p, base.data_ptr(),
                                            h.data_ptr(), w1_h, table, w_s, w2,
                                            None if vmap is None else vmap.data_ptr(), anchor.data_ptr(),
                                            uniforms.data_ptr(), tokens.data_ptr(), q.data_ptr(), top_ids.data_ptr(),

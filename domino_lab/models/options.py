@@ -13,7 +13,7 @@ BATCH_DRAFTS = ("adaptive", "all")
 @dataclass
 class InferenceOptions:
     # The Domino head's inference path (docs/design.md#inference-paths-of-the-head): "fused" = the rollout as one
-    # C++ loop on the CPU, greedy or sampled (top-p < 1, GPUs and machines without a C++ compiler fall back to
+    # C++ loop on the CPU, greedy or sampled (GPUs and machines without a C++ compiler fall back to
     # "fast"); "fast" = precomputed GRU input table + candidate pool in torch ops; "compiled" = the fast greedy
     # rollout under torch.compile; "eager" = nn.GRU + full-vocabulary correction (the reference the others are
     # checked against).
