@@ -84,6 +84,25 @@ def test_wrong_acceptance_rule_is_caught(setup, monkeypatch):
     assert tv(counts, exact, N // 2) > 0.3
 
 
+def test_top_p_nucleus_is_the_sorted_prefix_and_keeps_ties_together():
+    """warp_probs keeps the largest probabilities while the mass before them is < top_p (a full sort's rule), and
+    every token tied with the smallest kept one."""
+    g = torch.Generator().manual_seed(0)
+    for scale in (0.1, 3.0, 40.0):
+        for V in (5, 300, 8192):
+            x = torch.randn(4, V, generator=g) * scale
+            for top_p in (0.05, 0.5, 0.95):
+                p = torch.softmax(x.double() / 0.8, -1)
+                sp, idx = p.sort(-1, descending=True)
+                ref = torch.zeros_like(p).scatter(-1, idx, sp.masked_fill(sp.cumsum(-1) - sp >= top_p, 0.0))
+                assert torch.allclose(sampling.warp_probs(x, 0.8, top_p), ref / ref.sum(-1, keepdim=True),
+                                      rtol=0, atol=1e-12)
+    tied = sampling.warp_probs(torch.tensor([[2.0, 1.0, 1.0, 1.0, 0.0]]), 1.0, 0.6)[0]
+    assert (tied[:4] > 0).all() and tied[4] == 0 and tied[1] == tied[2] == tied[3]
+    assert torch.equal(sampling.warp_probs(torch.tensor([[3.0, 0.0]]), 1.0, 0.01), torch.tensor([[1.0, 0.0]],
+                                                                                                  dtype=torch.float64))
+
+
 def test_top_p_sampling_matches_the_targets_nucleus_distribution():
     """With top-p < 1 the output follows the target's top-p distribution at every position (the drafter's q is cut
     to its own nucleus, in the head's loop for Domino): TV against the enumerated distribution."""

@@ -198,10 +198,11 @@ int64_t rollout(int64_t b, int64_t n, int64_t Vd, int64_t K, int64_t g, int64_t 
 
 // The same rollout sampled at temperature 1/inv_temp over the whole draft vocabulary (no pool: a sample needs q's
 // full support): every slot's final logits L (slot 0: the base), q = softmax(L inv_temp) in double, cut to its
-// top-p nucleus as sampling.warp_probs does (the largest probabilities while the mass before them is < top_p,
-// renormalised), and the draft is the first index whose running sum of q exceeds the slot's uniform u (inverse
-// CDF; u drawn by the caller from its generator, so a seed reproduces the drafts). q comes out as drawn from:
-// [b, n, Vd] over the draft vocabulary. A u at or above the sum (rounding) takes the last index with q > 0.
+// top-p nucleus as sampling.warp_probs does (the largest probabilities while the mass before them is < top_p, and
+// any tied with the smallest of them, renormalised), and the draft is the first index whose running sum of q
+// exceeds the slot's uniform u (inverse CDF; u drawn by the caller from its generator, so a seed reproduces the
+// drafts). q comes out as drawn from: [b, n, Vd] over the draft vocabulary. A u at or above the sum (rounding)
+// takes the last index with q > 0.
 template <typename T>
 int64_t rollout_sampled(int64_t b, int64_t n, int64_t Vd, int64_t g, int64_t r, int64_t H, int64_t V, int64_t kt,
                         double inv_temp, double top_p, const T* base, const T* h, const T* w1_h, const T* table,
@@ -211,7 +212,7 @@ int64_t rollout_sampled(int64_t b, int64_t n, int64_t Vd, int64_t g, int64_t r, 
         if (anchor[bi] < 0 || anchor[bi] >= V) return 1;
     const int64_t C = r + 3 * g;
     std::vector<T> scratch(Vd + g + C + r);
-    std::vector<int64_t> order(top_p < 1.0 ? Vd : 0);
+    std::vector<double> desc(top_p < 1.0 ? Vd : 0);
     T* L = scratch.data();    // [Vd] this slot's final logits
     T* s = L + Vd;            // [g] GRU state
     T* proj = s + g;          // [C]
@@ -241,21 +242,16 @@ int64_t rollout_sampled(int64_t b, int64_t n, int64_t Vd, int64_t g, int64_t r, 
             const double mx = double(top_vals[(bi * n + i) * kt]);
             double sum = 0.0;
             for (int64_t d = 0; d < Vd; ++d) sum += (Q[d] = std::exp((double(L[d]) - mx) * inv_temp));
-            if (top_p < 1.0) {
-                for (int64_t d = 0; d < Vd; ++d) Q[d] /= sum;
-                for (int64_t d = 0; d < Vd; ++d) order[d] = d;
-                std::sort(order.begin(), order.end(), [&](int64_t a, int64_t c) {
-                    return Q[a] > Q[c] || (Q[a] == Q[c] && a < c);
-                });
-                double before = 0.0;
-                sum = 0.0;
-                for (int64_t k = 0; k < Vd; ++k) {
-                    const int64_t d = order[k];
-                    const double p = Q[d];
-                    if (before >= top_p) Q[d] = 0.0;
-                    before += p;
-                    sum += Q[d];
+            if (top_p < 1.0) {           // the nucleus: every q >= the smallest q kept (ties kept together)
+                for (int64_t d = 0; d < Vd; ++d) desc[d] = (Q[d] /= sum);
+                std::sort(desc.begin(), desc.end(), [](double a, double c) { return a > c; });
+                double before = 0.0, cut = desc[0];
+                for (int64_t k = 0; k < Vd && before < top_p; ++k) {
+                    cut = desc[k];
+                    before += desc[k];
                 }
+                sum = 0.0;
+                for (int64_t d = 0; d < Vd; ++d) sum += (Q[d] = Q[d] >= cut ? Q[d] : 0.0);
             }
             const double target = uniforms[bi * n + i];
             double run = 0.0;
