@@ -16,9 +16,8 @@ def warp_probs(logits: torch.Tensor, temperature: float, top_p: float = 1.0) -> 
         # token tied with the smallest kept one (so the cut does not depend on how a sort breaks ties): p >= the
         # threshold. Only the sorted values are needed, and on the CPU numpy sorts them ~15x faster than torch.sort
         # (0.26 vs 3.9 ms for 9 rows of 8,192 float64), which a verify step at top-p < 1 paid on every call.
-        desc = (-np.sort(-probs.numpy(), axis=-1) if probs.device.type == "cpu" and not probs.requires_grad
+        desc = (torch.from_numpy(-np.sort(-probs.detach().numpy(), axis=-1)) if probs.device.type == "cpu"
                 else probs.sort(dim=-1, descending=True).values)
-        desc = torch.as_tensor(desc, device=probs.device)
         kept = (desc.cumsum(-1) - desc < top_p).sum(-1, keepdim=True)
         probs = probs * (probs >= desc.gather(-1, kept - 1))
         probs = probs / probs.sum(-1, keepdim=True)

@@ -130,16 +130,14 @@ class DominoHead(nn.Module):
         if impl == "eager":
             return self._eager_rollout(h, base, anchor, embed_weight, n, temperature, top_p, generator, vocab_ids,
                                        topk)
-        if temperature <= 0 and impl == "fused":
-            fw = self.fused_weights(embed_weight)
-            out = None if fw is None else fused_greedy_rollout(fw, h[:, :n], base[:, :n], anchor, pool, vocab_ids,
-                                                               topk)
+        fw = self.fused_weights(embed_weight) if impl == "fused" else None
+        if fw is not None and temperature <= 0:
+            out = fused_greedy_rollout(fw, h[:, :n], base[:, :n], anchor, pool, vocab_ids, topk)
             if out is not None:
                 return Rollout(out[0], None, out[3])
-        if temperature > 0 and impl == "fused":
-            fw = self.fused_weights(embed_weight)
-            out = None if fw is None else fused_sampled_rollout(fw, h[:, :n], base[:, :n], anchor, temperature,
-                                                                top_p, generator, vocab_ids, topk)
+        elif fw is not None:
+            out = fused_sampled_rollout(fw, h[:, :n], base[:, :n], anchor, temperature, top_p, generator, vocab_ids,
+                                        topk)
             if out is not None:
                 return Rollout(out[0], q_to_vocab(out[1], vocab_ids, embed_weight.shape[0]), out[2])
         table, w_s, w1_h = self.fast_weights(embed_weight)

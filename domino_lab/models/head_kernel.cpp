@@ -243,10 +243,11 @@ int64_t rollout_sampled(int64_t b, int64_t n, int64_t Vd, int64_t g, int64_t r, 
             double sum = 0.0;
             for (int64_t d = 0; d < Vd; ++d) sum += (Q[d] = std::exp((double(L[d]) - mx) * inv_temp));
             if (top_p < 1.0) {           // the nucleus: every q >= the smallest q kept (ties kept together)
-                for (int64_t d = 0; d < Vd; ++d) desc[d] = (Q[d] /= sum);
+                std::copy(Q, Q + Vd, desc.begin());
                 std::sort(desc.begin(), desc.end(), [](double a, double c) { return a > c; });
+                const double mass = top_p * sum;              // (in the unnormalised units of Q)
                 double before = 0.0, cut = desc[0];
-                for (int64_t k = 0; k < Vd && before < top_p; ++k) {
+                for (int64_t k = 0; k < Vd && before < mass; ++k) {
                     cut = desc[k];
                     before += desc[k];
                 }
