@@ -294,7 +294,9 @@ class Target:
     def encode(self, text: str) -> list[int]:
         if self.tokenizer is None:
             raise UserError("this target has no tokenizer; pass prompt token ids instead of text")
-        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        # verbose=False: a text longer than the tokenizer's model_max_length would log a warning of its own; the
+        # callers check the length against the model's context and say so in one error line
+        return self.tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"]
 
     def decode(self, ids: list[int]) -> str:
         if self.tokenizer is None:

@@ -101,3 +101,13 @@ def test_cli_subprocess_no_traceback(tdir):
     p = subprocess.run([sys.executable, "-m", "domino_lab.generate", "--target", tdir, "--drafter", "none",
                         "--prompt", ""], capture_output=True, text=True)
     assert p.returncode == 2 and p.stderr.startswith("error: ") and "Traceback" not in p.stderr
+
+
+def test_prompt_longer_than_the_tokenizers_limit_is_one_error_line():
+    """The embedded tokenizer declares a longer model_max_length than the target's context; a prompt past both
+    gets our error line alone, not the tokenizer's warning first."""
+    p = subprocess.run([sys.executable, "-m", "domino_lab.generate", "--drafter", "none", "--max-new-tokens", "2",
+                        "--prompt", "def f(x):\n    return x + 1\n\n" * 200], capture_output=True, text=True)
+    lines = [x for x in p.stderr.splitlines() if x.strip()]
+    assert p.returncode == 2 and len(lines) == 1, p.stderr
+    assert lines[0].startswith("error: the prompt has") and "context is 512" in lines[0]
