@@ -3,8 +3,16 @@ tree's fixed candidates), the commit rule and the ranking of a draft tree's chil
 (models/) sample with it and the decoders (decoding/) verify with it."""
 from __future__ import annotations
 
+import hashlib
+
 import numpy as np
 import torch
+
+# How a sampled decode (T > 0) verifies drafts: "rejection" = standard speculative sampling (the drafter samples,
+# the target accepts with probability min(1, p/q)); "gumbel" = Gumbel-max coupling (`GumbelNoise`): the target's
+# token at every position is argmax(log p + g) with noise g fixed by the seed and the position, and the drafter
+# proposes the same argmax over its own logits, so a draft is accepted when it equals that token.
+SAMPLERS = ("rejection", "gumbel")
 
 
 def warp_probs(logits: torch.Tensor, temperature: float, top_p: float = 1.0) -> torch.Tensor:
@@ -31,6 +39,58 @@ def sample_from(logits: torch.Tensor, temperature: float, top_p: float = 1.0,
         return logits.argmax(-1), None
     probs = warp_probs(logits, temperature, top_p)
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1), probs
+
+
+class GumbelNoise:
+    """Gumbel noise for every absolute position of one sampled decode, a function of (seed, position) alone.
+
+    Gumbel-max: argmax_v(z_v / T + g_v) with g_v iid Gumbel(0, 1) is an exact draw from softmax(z / T). With one
+    noise vector per position of the text, plain decoding, any drafter, a chain or a tree, lookup copies and
+    adaptive drafts all produce the *same* sampled text for one seed: each token is the target's own Gumbel-max
+    draw at its position, and a draft only decides how many of those draws one forward checks. The drafter
+    proposes argmax(its logits / T + g) at the same positions, which agrees with the target's draw with
+    probability at least (1 - TV) / (1 + TV) (Daliri et al., 2024: drafter-invariant speculative decoding),
+    against standard speculative sampling's 1 - TV (docs/design.md#gumbel-coupled-sampling).
+
+    `rows(positions)` returns T · g [len(positions), V] (T folded in: argmax(z + T·g) = argmax(z / T + g)), each
+    position's row drawn once per decode and kept until `forget` drops the positions already committed."""
+
+    def __init__(self, seed: int, vocab_size: int, temperature: float, device=None):
+        self.seed, self.vocab_size, self.temperature = int(seed), vocab_size, float(temperature)
+        self.device = torch.device(device) if device is not None else torch.device("cpu")
+        self._rows: dict[int, torch.Tensor] = {}
+
+    def _row(self, pos: int) -> torch.Tensor:
+        row = self._rows.get(pos)
+        if row is None:
+            # a generator per position, seeded by a hash of (seed, position): the row does not depend on which
+            # positions were asked for before it, or in which order
+            key = int.from_bytes(hashlib.blake2b(f"gumbel/{self.seed}/{pos}".encode(), digest_size=8).digest(),
+                                 "little") >> 1
+            u = torch.rand(self.vocab_size, generator=torch.Generator().manual_seed(key), dtype=torch.float64)
+            # u = 0 gives -inf (that token never wins); u < 1 always
+            row = (-torch.log(-torch.log(u)) * self.temperature).float().to(self.device)
+            self._rows[pos] = row
+        return row
+
+    def rows(self, positions) -> torch.Tensor:
+        return torch.stack([self._row(int(t)) for t in positions])
+
+    def forget(self, below: int) -> None:
+        """Drop the rows of positions < below (committed text: no draft or verify reads them again)."""
+        for t in [t for t in self._rows if t < below]:
+            del self._rows[t]
+
+
+def gumbel_choice(logits: torch.Tensor, noise: torch.Tensor, temperature: float, top_p: float = 1.0
+                  ) -> torch.Tensor:
+    """The target's Gumbel-max draws at these positions: argmax over the top-p nucleus of logits + T·g.
+    logits [r, V], noise [r, V] from `GumbelNoise.rows` -> tokens [r]; each is an exact draw from
+    warp_probs(logits, temperature, top_p)."""
+    scores = logits.float() + noise
+    if top_p < 1.0:
+        scores = scores.masked_fill(warp_probs(logits, temperature, top_p) == 0, -torch.inf)
+    return scores.argmax(-1)
 
 
 def greedy_accept_one(drafts: list[int], target_best: torch.Tensor) -> tuple[int, int]:

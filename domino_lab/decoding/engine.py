@@ -56,7 +56,8 @@ def _topk(logits: torch.Tensor, k: int) -> tuple[list[list[int]], list[list[floa
 def speculative_generate(target, drafter=None, prompt: str | None = None, prompt_ids=None, max_new_tokens: int = 128,
                          temperature: float = 0.0, top_p: float = 1.0, block_size: int | None = None,
                          seed: int | None = None, topk: int = 0,
-                         on_step: Callable[[StepRecord], None] | None = None, tree_nodes: int = 0) -> GenerationResult:
+                         on_step: Callable[[StepRecord], None] | None = None, tree_nodes: int = 0,
+                         sampler: str = "rejection") -> GenerationResult:
     """Generate up to `max_new_tokens` tokens; greedy output equals the target's own greedy output.
 
     `on_step(record)` is called after every verify step, once its tokens are committed (the dashboard streams
@@ -66,7 +67,11 @@ def speculative_generate(target, drafter=None, prompt: str | None = None, prompt
     `topk` k > 0 stores in every step record the top-k of the target's logits at each verified position and of the
     drafter's base and corrected logits at each draft (the dashboard's inspector, `generate --steps`); 0 (the
     default) stores none: a top-k over the target's vocabulary and its conversion to lists every step, for records
-    that only a viewer reads."""
+    that only a viewer reads.
+
+    `sampler` (T > 0): "rejection", standard speculative sampling (the drafter samples; exact in distribution), or
+    "gumbel", Gumbel-max coupling (sampling.GumbelNoise: the text is a function of the seed alone, the same for
+    plain decoding and every drafter, chain or tree; docs/design.md#gumbel-coupled-sampling)."""
     if max_new_tokens < 1:
         raise UserError("max_new_tokens must be >= 1")
     if temperature < 0 or not 0 < top_p <= 1:
@@ -75,6 +80,7 @@ def speculative_generate(target, drafter=None, prompt: str | None = None, prompt
         check_seed(seed)
     if topk < 0:
         raise UserError(f"topk must be >= 0 (0 = no top-k in the step records), got {topk}")
+    check_sampler(sampler, drafter, temperature)
     draft_k = topk or DRAFT_TOPK
     tree_nodes = trees.check_tree_nodes(tree_nodes)
     if tree_nodes:
@@ -89,8 +95,13 @@ def speculative_generate(target, drafter=None, prompt: str | None = None, prompt
     max_new_tokens = min(max_new_tokens, target.max_length - len(ids))
     dev = target.device
     gen = torch.Generator(device=dev)
-    gen.manual_seed(seed if seed is not None else torch.seed() % (1 << 63))
+    seed = seed if seed is not None else torch.seed() % (1 << 63)
+    gen.manual_seed(seed)
     greedy = temperature <= 0
+    # Gumbel-coupled sampling verifies like greedy decoding: the target's token at each position is its Gumbel-max
+    # draw (one noise vector per position), the drafter proposes its own noisy argmax, a draft stands while equal
+    noise = sampling.GumbelNoise(seed, target.vocab_size, temperature, dev) if not greedy and sampler == "gumbel" \
+        else None
     n_drafts = 0
     if drafter is not None:
         n_drafts = drafter.config.num_drafts
@@ -109,7 +120,12 @@ def speculative_generate(target, drafter=None, prompt: str | None = None, prompt
     cache = new_cache(target.model.config, capacity=capacity)
     out = target.forward(torch.tensor([ids], device=dev), cache=cache, taps=taps, last_logits_only=True,
                          greedy=greedy)
-    first = out.tokens[:, -1] if greedy else sampling.sample_from(out.logits[:, -1], temperature, top_p, gen)[0]
+    if greedy:
+        first = out.tokens[:, -1]
+    elif noise is not None:
+        first = sampling.gumbel_choice(out.logits[:, -1], noise.rows([len(ids)]), temperature, top_p)
+    else:
+        first = sampling.sample_from(out.logits[:, -1], temperature, top_p, gen)[0]
     tokens = [int(first)]
     calls = 1
     prefill_time = time.perf_counter() - t_start
@@ -141,7 +157,7 @@ def speculative_generate(target, drafter=None, prompt: str | None = None, prompt
         if tree_nodes and not copy:
             rec, new_feats = _tree_step(target, drafter, cache, draft_cache, pending, pending_start, anchor, start,
                                         n, tree_nodes, taps, eos, max_new_tokens - len(tokens), topk, draft_k, cands,
-                                        temperature, top_p, gen)
+                                        temperature, top_p, gen, noise)
             if n > 0:
                 pending = None                     # the drafter has taken it into its cache
         else:
@@ -153,8 +169,10 @@ def speculative_generate(target, drafter=None, prompt: str | None = None, prompt
                 ctx_ids = torch.tensor([seq[pending_start:start]], device=dev) if pending is not None else None
                 draft = drafter.draft(pending[None] if pending is not None else None, pending_start,
                                       torch.tensor([anchor], device=dev), start, draft_cache, n=n,
-                                      temperature=temperature, top_p=top_p, generator=gen, topk=draft_k,
-                                      ctx_ids=ctx_ids, copy=cands)
+                                      temperature=0.0 if noise is not None else temperature, top_p=top_p,
+                                      generator=gen, topk=draft_k, ctx_ids=ctx_ids, copy=cands,
+                                      noise=noise.rows(range(start + 1, start + 1 + n_drafts))[None]
+                                      if noise is not None else None)
                 pending = None
                 drafts = draft.tokens[0]
                 if drafter.options.draft_cutoff > 0:      # verify only the drafts likely to be accepted
@@ -167,8 +185,12 @@ def speculative_generate(target, drafter=None, prompt: str | None = None, prompt
             out = target.forward(torch.tensor([[anchor] + draft_list], device=dev), cache=cache, taps=taps,
                                  greedy=greedy and not topk)
             logits = out.logits[0] if out.logits is not None else None
-            if greedy:
-                best = out.tokens[0] if logits is None else logits.argmax(-1)
+            if greedy or noise is not None:
+                if noise is not None:
+                    best = sampling.gumbel_choice(logits, noise.rows(range(start + 1, start + 2 + len(draft_list))),
+                                                  temperature, top_p)
+                else:
+                    best = out.tokens[0] if logits is None else logits.argmax(-1)
                 acc, nxt = sampling.greedy_accept_one(draft_list, best)
             else:
                 p = sampling.warp_probs(logits, temperature, top_p)
@@ -203,6 +225,8 @@ def speculative_generate(target, drafter=None, prompt: str | None = None, prompt
         if lookup is not None:
             lookup.update(rec.committed, rec.accepted, len(rec.draft_tokens), rec.copied)
         start += rec.accepted + 1
+        if noise is not None:
+            noise.forget(start + 1)                # positions up to the anchor's are committed
         if on_step is not None:
             on_step(rec)
         if any(t in eos for t in rec.committed):
@@ -211,6 +235,15 @@ def speculative_generate(target, drafter=None, prompt: str | None = None, prompt
     return GenerationResult(prompt_ids=ids, token_ids=tokens, text=target.decode(tokens) if target.tokenizer else "",
                             steps=steps, target_forward_calls=calls, wall_time_s=wall, prefill_time_s=prefill_time,
                             stop_reason=stop or ("context_length" if cut_by_context else "max_new_tokens"))
+
+
+def check_sampler(sampler: str, drafter, temperature: float) -> None:
+    """A known sampler; a sampled tree draws its children for rejection sampling, which Gumbel coupling replaces."""
+    if sampler not in sampling.SAMPLERS:
+        raise UserError(f"unknown sampler {sampler!r}; use one of {list(sampling.SAMPLERS)}")
+    if sampler == "gumbel" and temperature > 0 and drafter is not None and drafter.options.tree_sampled:
+        raise UserError("sampled trees draw their children for rejection sampling; with the gumbel sampler the "
+                        "tree is built from the noisy scores: turn tree_sampled off or use the rejection sampler")
 
 
 def check_tree_mode(drafter) -> None:
@@ -236,13 +269,14 @@ def check_lookup_mode(drafter, lookup: int) -> None:
 
 
 def _tree_step(target, drafter, cache, draft_cache, pending, pending_start, anchor, start, n, tree_nodes, taps, eos,
-               room, topk, draft_k, copy=None, temperature=0.0, top_p=1.0, gen=None):
+               room, topk, draft_k, copy=None, temperature=0.0, top_p=1.0, gen=None, noise=None):
     """One tree round at `anchor` (position `start`): draft a tree of up to `tree_nodes` nodes and depth
     n, verify it in one target forward, accept a path plus its bonus (greedy: the longest path the target agrees
     with; T > 0: the path speculative sampling walks, `trees.sampled_path`), and keep only that path in the target's
     cache. Returns the step record and the tapped features of the anchor and the accepted nodes (the next round's
     new context for the draft cache, exactly as in a chain)."""
     greedy = temperature <= 0
+    pick = greedy or noise is not None       # the walk follows the target's chosen token (argmax or Gumbel-max)
     dev = target.device
     t0 = time.perf_counter()
     expander = None
@@ -250,8 +284,10 @@ def _tree_step(target, drafter, cache, draft_cache, pending, pending_start, anch
     if n > 0:
         expander = drafter.tree_expander(pending[None] if pending is not None else None, pending_start,
                                          torch.tensor([anchor], device=dev), start, draft_cache, n=n,
-                                         topk=draft_k, copy=copy)
-        if not greedy and drafter.options.tree_sampled:
+                                         topk=draft_k, copy=copy,
+                                         noise=noise.rows(range(start + 1, start + 1 + n))[None]
+                                         if noise is not None else None)
+        if not pick and drafter.options.tree_sampled:
             tree = trees.sample_tree(expander, tree_nodes, n, temperature, gen, topk=draft_k)
         else:
             p_min = drafter.options.tree_min_prob
@@ -275,9 +311,11 @@ def _tree_step(target, drafter, cache, draft_cache, pending, pending_start, anch
         if topk or not greedy:
             logits = target.logits_at(hidden[rows])
             rows_logits.update(zip(rows, logits))
-            if not greedy:
+            if not pick:
                 return
-            best = logits.argmax(-1)
+            # row r predicts the token at position start + 1 + depth (row 0: the anchor, depth 0)
+            best = (logits.argmax(-1) if noise is None else sampling.gumbel_choice(
+                logits, noise.rows([start + 1 + (tree.depths[r - 1] if r else 0) for r in rows]), temperature, top_p))
         else:
             best = target.greedy_tokens(hidden[rows])
         rows_next.update(zip(rows, best.tolist()))
@@ -294,7 +332,7 @@ def _tree_step(target, drafter, cache, draft_cache, pending, pending_start, anch
             read(trees.likely_rows(tree, row - 1))
         return sampling.warp_probs(rows_logits[row], temperature, top_p)
 
-    path, nxt = trees.greedy_path(tree, next_token) if greedy else trees.sampled_path(tree, probs, gen)
+    path, nxt = trees.greedy_path(tree, next_token) if pick else trees.sampled_path(tree, probs, gen)
     t2 = time.perf_counter()
 
     committed, acc, bonus = sampling.commit([tree.tokens[i] for i in path], nxt, eos, room)

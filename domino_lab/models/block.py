@@ -14,7 +14,7 @@ from .backbone import Backbone, block_attention_mask
 from .config import DrafterConfig
 from .domino_head import DominoHead
 from .drafter import BlockBatch, Draft, Drafter, draft_labels
-from .frspec import q_to_vocab, to_vocab
+from .frspec import add_noise, q_to_vocab, to_vocab
 from .registry import register
 
 PREFIX_MODES = ("teacher_forcing", "ttt")
@@ -84,7 +84,7 @@ class BlockDrafter(Drafter):
 
     @torch.no_grad()
     def draft(self, ctx_feats, ctx_start, anchor, start, cache, n=None, temperature=0.0, top_p=1.0, generator=None,
-              topk=5, key_valid=None, ctx_ids=None, copy=None) -> Draft:
+              topk=5, key_valid=None, ctx_ids=None, copy=None, noise=None) -> Draft:
         cfg = self.config
         n = cfg.num_drafts if n is None else min(n, cfg.num_drafts)
         hs = self._block_states(ctx_feats, ctx_start, anchor, start, cache, key_valid, copy)
@@ -93,6 +93,7 @@ class BlockDrafter(Drafter):
         m = cfg.num_drafts if self.uses_head and impl == "compiled" and temperature <= 0 else n
         h = hs[:, cfg.first_draft_slot: cfg.first_draft_slot + m]
         base, vm = self._draft_logits(h, copy)   # [b, m, V] (FR-Spec: [b, m, K]): all slots in one parallel pass
+        base = add_noise(base, noise, vm)        # Gumbel-coupled sampling: the greedy rollout of noisy logits
         k = min(topk, base.shape[-1])
         bt = base[:, :n].topk(k, dim=-1)
         bt = (to_vocab(bt.indices, vm), bt.values)
@@ -106,7 +107,7 @@ class BlockDrafter(Drafter):
         return Draft(r.tokens, r.q, bt, r.top)
 
     @torch.no_grad()
-    def tree_expander(self, ctx_feats, ctx_start, anchor, start, cache, n: int, topk: int = 5, copy=None):
+    def tree_expander(self, ctx_feats, ctx_start, anchor, start, cache, n: int, topk: int = 5, copy=None, noise=None):
         """Tree drafting (decoding/tree.py): one backbone pass for the block at `start` (one sequence, anchor [1];
         the draft cache grows by ctx_feats as in `draft`), then an expander that scores the children of any node of
         the draft tree up to depth n. Without the head every node at depth i has the same children, slot i's
@@ -118,6 +119,7 @@ class BlockDrafter(Drafter):
         hs = self._block_states(ctx_feats, ctx_start, anchor, start, cache, copy=copy)
         h = hs[:, cfg.first_draft_slot: cfg.first_draft_slot + n]
         base, vm = self._draft_logits(h, copy)       # [1, n, V] (FR-Spec: [1, n, K])
+        base = add_noise(base, noise, vm)
         bt = base.topk(min(topk, base.shape[-1]), dim=-1)
         base_top = (to_vocab(bt.indices, vm)[0], bt.values[0])
         if not self.uses_head:

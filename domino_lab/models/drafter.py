@@ -101,7 +101,8 @@ class Drafter(nn.Module, metaclass=ABCMeta):
               n: int | None = None, temperature: float = 0.0, top_p: float = 1.0,
               generator: torch.Generator | None = None, topk: int = 5,
               key_valid: torch.Tensor | None = None, ctx_ids: torch.Tensor | None = None,
-              copy: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> Draft:
+              copy: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+              noise: torch.Tensor | None = None) -> Draft:
         """Propose n tokens after `anchor` (at absolute position `start`).
 
         ctx_feats [b, C, k*H]: target features of the newly committed positions ctx_start..start-1, appended
@@ -111,6 +112,8 @@ class Drafter(nn.Module, metaclass=ABCMeta):
         fewer tokens). ctx_ids [b, C]: the tokens at those positions (families that pair a feature with the next
         token's embedding read them). copy: (candidates [b, num_drafts], matched lengths [b], records [b, 2]) for
         drafters with a copy input (decoding/lookup.copy_inputs; None = no candidates); other drafters ignore it.
+        noise [b, >= n, V]: added to the draft logits of positions start+1.. over the whole vocabulary before the
+        drafter picks (Gumbel-coupled sampling, sampling.GumbelNoise; it then drafts greedily: temperature 0).
         """
 
     @abstractmethod

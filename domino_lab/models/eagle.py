@@ -26,7 +26,7 @@ from ..sampling import sample_from
 from .backbone import qwen3_config, rope
 from .config import DrafterConfig
 from .drafter import BlockBatch, Draft, Drafter, draft_labels
-from .frspec import q_to_vocab, to_vocab
+from .frspec import add_noise, q_to_vocab, to_vocab
 from .registry import register
 
 
@@ -143,7 +143,7 @@ class EagleDrafter(Drafter):
 
     @torch.no_grad()
     def draft(self, ctx_feats, ctx_start, anchor, start, cache, n=None, temperature=0.0, top_p=1.0, generator=None,
-              topk=5, key_valid=None, ctx_ids=None, copy=None) -> Draft:
+              topk=5, key_valid=None, ctx_ids=None, copy=None, noise=None) -> Draft:
         """Single sequence only: the batched decoder asks `supports_batched` and refuses eagle."""
         n = self.config.num_drafts if n is None else min(n, self.config.num_drafts)
         if anchor.shape[0] != 1 or key_valid is not None or torch.as_tensor(start).numel() != 1:
@@ -157,6 +157,8 @@ class EagleDrafter(Drafter):
 
         def pick(i: int, hidden: torch.Tensor) -> torch.Tensor:
             logits = self.draft_lm_head(hidden)                      # [1, V] (FR-Spec: [1, K])
+            if noise is not None:                                    # Gumbel-coupled sampling: step i's noise
+                logits = add_noise(logits[:, None], noise[:, i: i + 1], vm)[:, 0]
             tok, q = sample_from(logits, temperature, top_p, generator)
             tok = to_vocab(tok, vm)
             tokens.append(tok)

@@ -42,6 +42,17 @@ def to_vocab(ids: torch.Tensor, vocab_ids: torch.Tensor | None) -> torch.Tensor:
     return ids if vocab_ids is None else vocab_ids[ids]
 
 
+def add_noise(logits: torch.Tensor, noise: torch.Tensor | None, vocab_ids: torch.Tensor | None) -> torch.Tensor:
+    """Draft logits [b, m, C] plus per-position noise over the whole vocabulary [b, >= m, V] (sampling.GumbelNoise),
+    read at the draft vocabulary's columns; noise None: the logits unchanged."""
+    if noise is None:
+        return logits
+    cols = noise[:, : logits.shape[1]]
+    if vocab_ids is not None:
+        cols = cols.index_select(-1, vocab_ids)
+    return logits + cols.to(logits.dtype)
+
+
 def q_to_vocab(q: torch.Tensor | None, vocab_ids: torch.Tensor | None, vocab_size: int) -> torch.Tensor | None:
     """A distribution over the draft vocabulary [..., K] -> over the vocabulary [..., V] (zero elsewhere)."""
     if vocab_ids is None or q is None:
