@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from domino_lab.decoding import GenerationResult, StepRecord, speculative_generate
 from domino_lab.decoding.engine import check_adaptive_mode, check_tree_mode
+from domino_lab.sampling import SAMPLERS
 from domino_lab.decoding.lookup import MAX_NGRAM
 from domino_lab.errors import UserError
 from domino_lab.models.options import InferenceOptions
@@ -41,6 +42,7 @@ class Request:
     tree_min_prob: float = 0.0   # > 0: tree nodes need at least this path probability under the drafter
     adaptive: bool = False       # plain steps while the text's measured acceptance does not pay for drafting
     tree_sampled: bool = False   # T > 0: draw each tree node's children from the drafter (not its most probable)
+    sampler: str = "rejection"   # T > 0: rejection (speculative sampling) or gumbel (the seed fixes the text)
 
     def checked(self) -> "Request":
         if not isinstance(self.prompt, str) or not self.prompt.strip():
@@ -66,6 +68,12 @@ class Request:
         self.tree_min_prob = InferenceOptions(tree_min_prob=p_min).tree_min_prob     # the options' own range check
         self.adaptive, self.tree_sampled = bool(self.adaptive), bool(self.tree_sampled)
         check_adaptive_mode(self.adaptive, self.tree_nodes)
+        self.sampler = self.sampler or "rejection"
+        if self.sampler not in SAMPLERS:
+            raise UserError(f"sampler must be one of {', '.join(SAMPLERS)}, got {self.sampler!r}")
+        if self.sampler == "gumbel" and self.tree_sampled and self.temperature > 0:
+            raise UserError("a sampled tree draws its children for the rejection sampler; with gumbel the tree is "
+                            "built from the noisy scores: untick 'sampled tree' or pick the rejection sampler")
         return self
 
 
@@ -114,13 +122,14 @@ _PLAIN_LOCK = threading.Lock()
 
 
 def plain_reference(catalog, req: Request) -> GenerationResult:
-    key = (req.target, req.prompt, req.max_new_tokens, req.temperature, req.seed)
+    key = (req.target, req.prompt, req.max_new_tokens, req.temperature, req.seed, req.sampler)
     with _PLAIN_LOCK:
         if key in _PLAIN:
             _PLAIN.move_to_end(key)
             return _PLAIN[key]
     res = speculative_generate(catalog.target(req.target), None, prompt=req.prompt,
-                               max_new_tokens=req.max_new_tokens, temperature=req.temperature, seed=req.seed)
+                               max_new_tokens=req.max_new_tokens, temperature=req.temperature, seed=req.seed,
+                               sampler=req.sampler)
     with _PLAIN_LOCK:
         _PLAIN[key] = res
         while len(_PLAIN) > 64:
@@ -157,7 +166,8 @@ def stream(catalog, req: Request, min_interval: float = 0.05, measure_plain: boo
         try:
             res = speculative_generate(target, drafter, prompt=req.prompt, max_new_tokens=req.max_new_tokens,
                                        temperature=req.temperature, block_size=req.block_size, seed=req.seed,
-                                       topk=TOPK_STORED, on_step=on_step, tree_nodes=req.tree_nodes)
+                                       topk=TOPK_STORED, on_step=on_step, tree_nodes=req.tree_nodes,
+                                       sampler=req.sampler)
             q.put(("done", res, time.perf_counter()))
         except BaseException as e:   # handed to the consumer, which raises it in the request's thread
             q.put(("error", e, time.perf_counter()))
@@ -381,7 +391,7 @@ def record(snap: Snapshot, texts: Texts, req: Request) -> dict:
     return {"target": req.target, "drafter": req.drafter, "head": snap.head, "block_size": req.block_size,
             "tree_nodes": req.tree_nodes, "tree_min_prob": req.tree_min_prob, "lookup": req.lookup,
             "adaptive_drafts": req.adaptive, "tree_sampled": req.tree_sampled,
-            "temperature": req.temperature, "prefill": first[0] if first else None, "steps": steps,
+            "temperature": req.temperature, "sampler": req.sampler, "prefill": first[0] if first else None, "steps": steps,
             "counters": counters(snap), "token_ids": snap.token_ids,
             "text": snap.result.text if snap.done else texts.target.decode(snap.token_ids)}
 

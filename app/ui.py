@@ -11,6 +11,7 @@ import gradio as gr
 import pandas as pd
 
 from domino_lab.errors import UserError
+from domino_lab.sampling import SAMPLERS
 
 from . import runs as runs_view
 from .catalog import Catalog
@@ -81,7 +82,9 @@ def _knobs():
     temp = gr.Slider(0.0, 2.0, value=0.0, step=0.05, label="temperature (0 = greedy)")
     max_tokens = gr.Slider(1, MAX_NEW_TOKENS, value=64, step=1, label="max new tokens")
     seed = gr.Number(0, precision=0, label="seed")
-    return block, temp, max_tokens, seed
+    sampler = gr.Radio(list(SAMPLERS), value="rejection", label="sampler at T > 0 (gumbel: the seed fixes the text, "
+                       "the same for every drafter and for plain decoding)")
+    return block, temp, max_tokens, seed, sampler
 
 
 def build_demo(catalog: Catalog, examples: list[dict] | None = None, stream_interval: float = 0.1) -> gr.Blocks:
@@ -103,7 +106,7 @@ def build_demo(catalog: Catalog, examples: list[dict] | None = None, stream_inte
                     with gr.Column(scale=2):
                         target, drafter = _settings(catalog)
                         head = gr.Checkbox(True, label="Domino head on (off = the same drafter as DFlash)")
-                        block, temp, max_tokens, seed = _knobs()
+                        block, temp, max_tokens, seed, sampler = _knobs()
                         tree_n = gr.Slider(0, MAX_TREE_NODES, value=0, step=1, elem_id="tree-nodes",
                                            label="tree nodes (0 = chain; > 0 verifies a draft tree)")
                         tree_p = gr.Slider(0, 0.5, value=0, step=0.01, elem_id="tree-min-prob",
@@ -155,7 +158,7 @@ def build_demo(catalog: Catalog, examples: list[dict] | None = None, stream_inte
                         c_left = gr.Dropdown([("the same drafter with its head off", HEAD_OFF)] +
                                              catalog.drafter_choices(head=False), value=HEAD_OFF,
                                              label="DFlash side (left)")
-                        c_block, c_temp, c_max, c_seed = _knobs()
+                        c_block, c_temp, c_max, c_seed, c_sampler = _knobs()
                         c_go = gr.Button("Compare", variant="primary")
                 c_summary = _html(label="summary")
                 with gr.Row():
@@ -185,10 +188,10 @@ def build_demo(catalog: Catalog, examples: list[dict] | None = None, stream_inte
 
         # ---------------------------------------------------------------- handlers
         def decode(prompt, target, drafter, head, block, temp, max_tokens, seed, tree_nodes=0, lookup=0,
-                   tree_min_prob=0.0, adaptive=False, tree_sampled=False):
+                   tree_min_prob=0.0, adaptive=False, tree_sampled=False, sampler="rejection"):
             try:
                 req = Request(prompt, target, drafter, bool(head), block, temp, max_tokens, seed,
-                              tree_nodes, lookup, tree_min_prob, bool(adaptive), bool(tree_sampled)).checked()
+                              tree_nodes, lookup, tree_min_prob, bool(adaptive), bool(tree_sampled), sampler).checked()
                 texts = Texts(catalog.target(req.target))
                 # a misfit fails here, early
                 catalog.drafter(req.target, req.drafter, req.head_on, req.lookup, req.tree_min_prob, req.adaptive,
@@ -233,7 +236,7 @@ def build_demo(catalog: Catalog, examples: list[dict] | None = None, stream_inte
             return gr.update(interactive=catalog.has_head(value))
 
         ev = go.click(decode, [prompt, target, drafter, head, block, temp, max_tokens, seed, tree_n, lookup_n, tree_p,
-                                    adaptive, tree_s],
+                                    adaptive, tree_s, sampler],
                       [chain, counters_box, text, rec_json, bars, state, insp, insp_json, step_n, pos_n, trees_box],
                       api_name="decode")
         stop.click(None, cancels=[ev])
@@ -241,11 +244,12 @@ def build_demo(catalog: Catalog, examples: list[dict] | None = None, stream_inte
         chain.click(on_chain_click, [state], [insp, insp_json, step_n, pos_n], api_visibility="private")
         drafter.change(on_drafter, [drafter], [head], api_visibility="private")
 
-        def compare(prompt, target, drafter, left, block, temp, max_tokens, seed):
+        def compare(prompt, target, drafter, left, block, temp, max_tokens, seed, sampler="rejection"):
             try:
-                right = Request(prompt, target, drafter, True, block, temp, max_tokens, seed).checked()
+                right = Request(prompt, target, drafter, True, block, temp, max_tokens, seed,
+                                sampler=sampler).checked()
                 left_req = Request(prompt, target, drafter if left == HEAD_OFF else left, left != HEAD_OFF,
-                                   block, temp, max_tokens, seed).checked()
+                                   block, temp, max_tokens, seed, sampler=sampler).checked()
                 if not catalog.has_head(right.drafter):
                     raise UserError("the right side needs a Domino drafter (one with a head)")
                 texts = Texts(catalog.target(target))
@@ -263,7 +267,7 @@ def build_demo(catalog: Catalog, examples: list[dict] | None = None, stream_inte
             except Exception as e:
                 raise _error(e) from None
 
-        c_go.click(compare, [c_prompt, c_target, c_drafter, c_left, c_block, c_temp, c_max, c_seed],
+        c_go.click(compare, [c_prompt, c_target, c_drafter, c_left, c_block, c_temp, c_max, c_seed, c_sampler],
                    [l_chain, l_counters, l_bars, r_chain, r_counters, r_bars, c_summary, c_json], api_name="compare")
 
         def show_runs(selected, best=False):

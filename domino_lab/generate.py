@@ -30,6 +30,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0)
+    from .decoding.engine import add_sampler_arg
+    add_sampler_arg(p)
     from .models.options import add_inference_args
     add_inference_args(p, block_size=True)
     p.add_argument("--tree-nodes", type=int, default=0, metavar="N",
@@ -45,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from . import Target, speculative_generate
-    from .decoding.engine import RECORD_TOPK, check_lookup_mode, check_tree_mode, prompt_token_ids
+    from .decoding.engine import RECORD_TOPK, check_lookup_mode, check_sampler, check_tree_mode, prompt_token_ids
     from .decoding.tree import check_tree_nodes
     from .models import InferenceOptions, load_drafter
     from .target import use_decode_threads
@@ -75,10 +77,12 @@ def main(argv: list[str] | None = None) -> int:
     check_lookup_mode(drafter, options.lookup)
     if args.tree_nodes:
         check_tree_mode(drafter)
+    check_sampler(args.sampler, drafter, args.temperature)
     for row, prompt_ids in zip(prompts, ids):
         res = speculative_generate(target, drafter, prompt_ids=prompt_ids, max_new_tokens=args.max_new_tokens,
                                    temperature=args.temperature, top_p=args.top_p, seed=args.seed,
-                                   tree_nodes=args.tree_nodes, topk=RECORD_TOPK if args.steps else 0)
+                                   tree_nodes=args.tree_nodes, topk=RECORD_TOPK if args.steps else 0,
+                                   sampler=args.sampler)
         if args.json:
             d = res.to_dict(steps=args.steps)
             if row["id"] is not None:

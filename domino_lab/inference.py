@@ -25,21 +25,22 @@ class SpeculativeDecoder(pl.LightningModule):
 
     def __init__(self, target, drafter=None, max_new_tokens: int = 128, temperature: float = 0.0,
                  top_p: float = 1.0, block_size: int | None = None, seed: int = 0, steps: bool = True,
-                 tree_nodes: int = 0):
+                 tree_nodes: int = 0, sampler: str = "rejection"):
         super().__init__()
         self.target, self.drafter = target, drafter
         # registered as submodules so Lightning moves them to the device (and casts them for the precision)
         self.target_model = target.model
         self.draft_model = drafter
-        from .decoding.engine import check_lookup_mode, check_tree_mode
+        from .decoding.engine import check_lookup_mode, check_sampler, check_tree_mode
         from .decoding.tree import check_tree_nodes
 
         tree_nodes = check_tree_nodes(tree_nodes)
         if tree_nodes:               # a misfit fails here, before Lightning starts
             check_tree_mode(drafter)
         check_lookup_mode(drafter, drafter.options.lookup if drafter is not None else 0)
+        check_sampler(sampler, drafter, temperature)
         self.gen = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, block_size=block_size,
-                        tree_nodes=tree_nodes)
+                        tree_nodes=tree_nodes, sampler=sampler)
         self.seed, self.steps = seed, steps
 
     def predict_step(self, batch: list[dict], batch_idx: int, dataloader_idx: int = 0) -> list[dict]:
@@ -62,10 +63,11 @@ def _collate(rows: list[dict]) -> list[dict]:
 def predict(target, drafter, prompts, *, max_new_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0,
             block_size: int | None = None, seed: int = 0, batch_size: int = 1, accelerator: str = "auto",
             devices="auto", strategy: str = "auto", precision: str | None = None, dtype: str | None = None,
-            steps: bool = True, options=None, tree_nodes: int = 0) -> list[dict]:
+            steps: bool = True, options=None, tree_nodes: int = 0, sampler: str = "rejection") -> list[dict]:
     """Decode an eval set (name, JSONL path or list of {id, prompt}) with `Trainer.predict`; returns this
     process's rows (all rows on a single device; each rank's share under data parallelism). `options`: the
-    InferenceOptions a drafter given by name runs with; `tree_nodes` > 0 verifies draft trees of that many nodes."""
+    InferenceOptions a drafter given by name runs with; `tree_nodes` > 0 verifies draft trees of that many nodes;
+    `sampler` how T > 0 verifies (speculative_generate)."""
     from .data.eval_sets import load_eval_set
     from .models import load_drafter
     from .target import Target
@@ -78,7 +80,7 @@ def predict(target, drafter, prompts, *, max_new_tokens: int = 128, temperature:
     if isinstance(drafter, str):
         drafter = load_drafter(drafter, target, options=options)
     module = SpeculativeDecoder(target, drafter, max_new_tokens, temperature, top_p, block_size, seed, steps,
-                                tree_nodes)
+                                tree_nodes, sampler)
     trainer = pl.Trainer(accelerator=accelerator, devices=devices, strategy=strategy,
                          precision=precision or "32-true", logger=False, enable_checkpointing=False,
                          enable_progress_bar=sys.stderr.isatty(), enable_model_summary=False)
@@ -96,6 +98,8 @@ def main(argv=None) -> int:
     p.add_argument("--out", required=True, help="JSONL output (one row per prompt; rank files under DDP)")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=0.0)
+    from .decoding.engine import add_sampler_arg
+    add_sampler_arg(p)
     p.add_argument("--batch-size", type=int, default=1)
     p.add_argument("--accelerator", default="auto")
     p.add_argument("--devices", default="auto")
@@ -127,7 +131,7 @@ def main(argv=None) -> int:
     out = predict(target, args.drafter, rows, max_new_tokens=args.max_new_tokens,
                   temperature=args.temperature, batch_size=args.batch_size, accelerator=args.accelerator,
                   devices=devices, strategy=args.strategy, precision=args.precision, dtype=args.dtype,
-                  options=InferenceOptions.from_args(args), tree_nodes=args.tree_nodes)
+                  options=InferenceOptions.from_args(args), tree_nodes=args.tree_nodes, sampler=args.sampler)
     path = Path(args.out)
     rank = out[0]["rank"] if out else 0
     if rank:

@@ -10,7 +10,9 @@ all rounds; the summary is the geometric mean over prompts with a normal 95% int
 wins. A set's tokens/s over all its prompts (the bench's number) weighs long slow prompts more; it is reported
 beside. With --temperature T > 0 round r samples with seed r for both drafters: their texts then differ (each is an
 exact sample of the target), so a prompt's tokens/s pools every round's samples, and τ says how much each drafter
-committed per step on them. A SPEC may end in @key=value,... (inference options, as bench --drafter takes them).
+committed per step on them; with --sampler gumbel their texts are the same again (the seed fixes the text), and
+--sampler-b compares two samplers. A SPEC may end in @key=value,... (inference options, as bench --drafter takes
+them).
 """
 from __future__ import annotations
 
@@ -38,6 +40,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=3, help="decodes of every prompt by each drafter (at T > 0: seeds "
                    "0 .. rounds-1)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (the default); > 0 samples")
+    from domino_lab.sampling import SAMPLERS
+    p.add_argument("--sampler", choices=SAMPLERS, default="rejection", help="how T > 0 verifies drafts "
+                   "(speculative_generate's sampler)")
+    p.add_argument("--sampler-b", choices=SAMPLERS, default=None, help="--b's sampler when it differs from --a's")
     from domino_lab.target import add_threads_arg
     add_threads_arg(p)
     p.add_argument("--out", default=None, help="folder for speed_pair.{md,json} (default: print only)")
@@ -85,6 +91,9 @@ def run(args) -> dict:
         label, _, spec = item.partition("=")
         drafters[label] = load_drafter(spec.partition("@")[0], target, options=options(item))
     la, lb = drafters
+    samplers = {la: args.sampler, lb: args.sampler_b or args.sampler}
+    # texts must match when greedy, or when both sample with Gumbel coupling (a function of the seed alone)
+    check_same = args.temperature <= 0 or set(samplers.values()) == {"gumbel"}
     out = {}
     for s, prompts in sets.items():
         ids = [target.encode(p["prompt"]) for p in prompts]
@@ -101,7 +110,8 @@ def run(args) -> dict:
                 for lab in order:
                     res[lab] = speculative_generate(target, drafters[lab], prompt_ids=x,
                                                     max_new_tokens=args.max_new_tokens,
-                                                    temperature=args.temperature, seed=r)
+                                                    temperature=args.temperature, seed=r,
+                                                    sampler=samplers[lab])
                     wall[lab][i] += res[lab].wall_time_s
                     tokens[lab][i] += len(res[lab].token_ids)
                     steps[lab][i] += len(res[lab].steps)
@@ -115,7 +125,7 @@ def run(args) -> dict:
                   "set_ratio": set_tps[la] / set_tps[lb], "tokens_per_s": set_tps,
                   # per prompt, committed tokens per verify step, averaged over the prompts
                   "tau": {lab: statistics.fmean(t / s for t, s in zip(tokens[lab], steps[lab])) for lab in drafters},
-                  "identical": all(same) if args.temperature <= 0 else None,
+                  "identical": all(same) if check_same else None,
                   "per_prompt": [{"id": p.get("id", str(i)),
                                   **{f"{k}_{lab}": v[lab][i] for lab in drafters
                                      for k, v in (("tokens", tokens), ("wall_s", wall))}}
@@ -126,7 +136,7 @@ def run(args) -> dict:
 def markdown(res: dict, la: str, lb: str, meta: dict) -> str:
     lines = [f"# Tokens/s of {la} over {lb}, paired per prompt", "", f"`{meta['command']}`", "",
              f"{meta['machine']}; {meta['date']}; {meta['wall_s']} s; {meta['rounds']} rounds, alternating order; "
-             f"{_mode(meta['temperature'])}, {meta['max_new_tokens']} new tokens", "",
+             f"{_mode(meta)}, {meta['max_new_tokens']} new tokens", "",
              f"| set | prompts | τ {la} | τ {lb} | per prompt {la} ÷ {lb} (geometric mean) | 95% CI | wins / losses "
              f"| over the set | tokens/s {la} | tokens/s {lb} | same tokens |", "|" + "---|" * 10]
     for s, r in res.items():
@@ -137,8 +147,13 @@ def markdown(res: dict, la: str, lb: str, meta: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _mode(temperature: float) -> str:
-    return "greedy" if temperature <= 0 else f"sampled at T = {temperature:g} (round r: seed r)"
+def _mode(meta: dict) -> str:
+    if meta["temperature"] <= 0:
+        return "greedy"
+    samplers = meta.get("samplers", {})
+    how = ", ".join(f"{lab}: {s}" for lab, s in samplers.items()) if len(set(samplers.values())) > 1 else \
+        next(iter(samplers.values()), "rejection")
+    return f"sampled at T = {meta['temperature']:g} (round r: seed r; sampler {how})"
 
 
 def _same(identical: bool | None) -> str:
@@ -157,6 +172,7 @@ def main(argv=None) -> int:
                        f"torch {torch.__version__}", "date": time.strftime("%Y-%m-%d %H:%M"),
             "rounds": args.rounds, "max_new_tokens": args.max_new_tokens, "a": args.a, "b": args.b,
             "temperature": args.temperature,
+            "samplers": {la: args.sampler, lb: args.sampler_b or args.sampler},
             "wall_s": round(time.time() - started, 1)}
     md = markdown(res, la, lb, meta)
     print(md)

@@ -5,6 +5,7 @@
     python experiments/tree.py --drafter domino/s0=runs/a/best --drafter domino/s1=runs/b/best ...
     python experiments/tree.py --drafter domino=default --drafter domino-p03=default@tree_min_prob=0.03
     python experiments/tree.py --temperature 1 --rounds 4          # sampled decoding: τ over 4 samples per prompt
+    python experiments/tree.py --temperature 1 --sampler gumbel    # Gumbel-coupled: every output checked against ar
 
 Every configuration (plain decoding `ar`, each drafter as a chain, each drafter at each N) decodes the same prompts;
 τ is deterministic under greedy decoding, wall-clock is not, so the whole grid is decoded in `--rounds` rounds,
@@ -16,7 +17,8 @@ Several trained seeds of one drafter are given as LABEL=SPEC pairs named `family
 mean ± sd over the seeds of each family. Every output is checked against `ar` token for token. With `--temperature`
 T > 0 each round draws a new sample of every prompt (seeded by round and prompt, the same seeds for every
 configuration); τ pools every round's steps, and exactness is the distribution tests' job (tests/test_sampling.py),
-since samples cannot be compared token for token.
+since samples cannot be compared token for token, except with `--sampler gumbel`, where a seed fixes the text and
+every output is again checked against `ar`'s.
 """
 from __future__ import annotations
 
@@ -53,6 +55,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=1, help="prompts every configuration decodes before timing")
     p.add_argument("--temperature", type=float, default=0.0,
                    help="sampling temperature (0 = greedy, the default); > 0: every round is a new sample")
+    from domino_lab.sampling import SAMPLERS
+    p.add_argument("--sampler", choices=SAMPLERS, default="rejection",
+                   help="how T > 0 verifies (gumbel: the seed fixes the text, checked against ar)")
     from domino_lab.target import add_threads_arg
     add_threads_arg(p)
     p.add_argument("--out", default=str(ROOT / "experiments" / "results"), help="folder for tree.{md,json,png}")
@@ -116,8 +121,10 @@ def run(args) -> dict:
     def decode(cfg, ids, seed=0):
         lab, n = cfg
         return speculative_generate(target, drafters.get(lab), prompt_ids=ids, max_new_tokens=args.max_new_tokens,
-                                    tree_nodes=n, temperature=args.temperature, seed=seed)
+                                    tree_nodes=n, temperature=args.temperature, seed=seed, sampler=args.sampler)
 
+    # greedy, or Gumbel-coupled sampling: every configuration's output must equal plain decoding's
+    comparable = not args.temperature or args.sampler == "gumbel"
     results: dict = {}
     for s, prompts in sets.items():
         ids = [target.encode(p["prompt"]) for p in prompts]
@@ -148,7 +155,7 @@ def run(args) -> dict:
                 "tokens_per_s": statistics.median(tps), "tokens_per_s_min": min(tps), "tokens_per_s_max": max(tps),
                 "draft_ms": tally.draft_ms, "verify_ms": tally.verify_ms,
                 "tokens_per_s_rounds": tps,
-                "lossless": (sum(x.token_ids == a for x, a in zip(res, ref)) if not args.temperature else None),
+                "lossless": (sum(x.token_ids == a for x, a in zip(res, ref)) if comparable else None),
                 "prompts": len(res),
                 "per_prompt_tau": [pooled_tau(x) for x in every],
                 "per_prompt": [{"id": p.get("id", str(i)), "tau": pooled_tau(x), "steps": sum(len(y.steps) for y in x)}
@@ -286,7 +293,7 @@ def main(argv=None) -> int:
                        f"threads, torch {torch.__version__}", "date": time.strftime("%Y-%m-%d %H:%M"),
             "target": args.target, "drafters": args.drafter, "nodes": sorted(set(args.nodes)),
             "limit": args.limit, "max_new_tokens": args.max_new_tokens, "rounds": args.rounds,
-            "temperature": args.temperature, "wall_s": round(time.time() - started, 1)}
+            "temperature": args.temperature, "sampler": args.sampler, "wall_s": round(time.time() - started, 1)}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     cmp = compare(results, *args.compare) if args.compare else {}
@@ -299,7 +306,10 @@ def main(argv=None) -> int:
     md = table(summ)
     sampled = (f"T = {args.temperature:g}: each round is a new sample of every prompt, τ pools all {args.rounds} "
                "rounds' steps, and exactness is shown by the distribution tests, not by comparing samples")
-    check = (sampled if args.temperature else f"**Output differs from `ar` for {bad}.**" if bad else
+    if args.temperature and args.sampler == "gumbel":
+        sampled = (f"T = {args.temperature:g}, gumbel sampler: each round is a new sample of every prompt, the same "
+                   f"text for every configuration (checked), τ pools all {args.rounds} rounds' steps")
+    check = (f"**Output differs from `ar` for {bad}.**" if bad else sampled if args.temperature else
              "Every configuration's output equals plain greedy decoding on every prompt")
     text = (f"# Chain vs tree verification\n\n`{meta['command']}`\n\n{meta['machine']}; {meta['date']}; "
             f"{meta['wall_s']} s; {args.limit} prompts per set, {args.max_new_tokens} new tokens, tokens/s = median "

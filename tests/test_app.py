@@ -316,6 +316,21 @@ def test_compare_head_off_vs_on(app, client):
     assert out[7]["dflash"]["drafter"] == "default-dflash" and out[7]["dflash"]["head"] == "n/a"
 
 
+def test_compare_with_the_gumbel_sampler_shows_one_text(app, client):
+    """At T > 0 with the gumbel sampler both sides sample the same text for the seed (the plain decode's), so the
+    spans differ only in how the drafters reached it."""
+    out = client.predict(app["prompt"], "default", "default", "__head_off__", 8, 0.9, 24, 5, "gumbel",
+                         api_name="/compare")
+    recs = out[7]
+    assert recs["dflash"]["sampler"] == recs["domino"]["sampler"] == "gumbel"
+    from domino_lab import speculative_generate
+
+    plain = speculative_generate(app["catalog"].target("default"), None, prompt=app["prompt"], max_new_tokens=24,
+                                 temperature=0.9, seed=5, sampler="gumbel").token_ids
+    assert _spans_concat(recs["dflash"]) == plain == _spans_concat(recs["domino"])
+    assert recs["dflash"]["token_ids"] == plain
+
+
 def test_runs_view_without_a_store(app, client):
     msg, *_ = client.predict([], api_name="/runs")
     assert "No MLflow store" in msg and "domino_lab.sweep" in msg

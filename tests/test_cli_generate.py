@@ -111,3 +111,18 @@ def test_prompt_longer_than_the_tokenizers_limit_is_one_error_line():
     lines = [x for x in p.stderr.splitlines() if x.strip()]
     assert p.returncode == 2 and len(lines) == 1, p.stderr
     assert lines[0].startswith("error: the prompt has") and "context is 512" in lines[0]
+
+
+def test_gumbel_sampler_gives_one_text_per_seed(tdir, capsys):
+    """--sampler gumbel: plain decoding and a drafter sample the same tokens for a seed; a sampled tree with it is
+    one error line."""
+    base = ["--target", tdir, "--prompt", "def add(a, b):", "--max-new-tokens", "16", "--temperature", "0.9",
+            "--seed", "2", "--sampler", "gumbel", "--json", "--block-size", "4"]
+    toks = []
+    for drafter in ("none", "untrained:domino", "untrained:dflash"):
+        code, out, err = run(base + ["--drafter", drafter], capsys)
+        assert code == 0, err
+        toks.append(json.loads(out)["token_ids"])
+    assert toks[0] == toks[1] == toks[2]
+    code, _, err = run(base + ["--drafter", "untrained:domino", "--tree-nodes", "4", "--tree-sampled"], capsys)
+    assert one_error_line(code, err) and "rejection sampler" in err

@@ -59,6 +59,27 @@ def test_speed_pair_samples_at_a_temperature_with_options(tmp_path):
     assert "sampled at T = 1" in (tmp_path / "r" / "speed_pair.md").read_text()
 
 
+def test_speed_pair_gumbel_sampler_checks_the_texts_match(tmp_path):
+    """With the gumbel sampler on both sides a seed fixes the text: the two drafters' samples must be identical,
+    and the report says so (with --sampler-b rejection they are not compared)."""
+    mod = _module()
+    threads = torch.get_num_threads()
+    try:
+        assert mod.main(["--sets", "math", "--limit", "2", "--max-new-tokens", "12", "--rounds", "2", "--threads", "1",
+                         "--temperature", "1", "--sampler", "gumbel", "--out", str(tmp_path / "g")]) == 0
+        assert mod.main(["--sets", "math", "--limit", "1", "--max-new-tokens", "6", "--rounds", "1", "--threads", "1",
+                         "--temperature", "1", "--sampler", "gumbel", "--sampler-b", "rejection",
+                         "--out", str(tmp_path / "r")]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    res = json.loads((tmp_path / "g" / "speed_pair.json").read_text())["results"]["math"]
+    assert res["identical"] is True
+    assert "sampler gumbel" in (tmp_path / "g" / "speed_pair.md").read_text()
+    both = json.loads((tmp_path / "r" / "speed_pair.json").read_text())
+    assert both["results"]["math"]["identical"] is None and both["meta"]["samplers"] == {"domino": "gumbel",
+                                                                                         "dflash": "rejection"}
+
+
 @pytest.mark.parametrize("argv, msg", [(["--rounds", "0"], "--rounds"), (["--a", "default"], "LABEL=SPEC"),
                                        (["--a", "x=default", "--b", "x=default-dflash"], "different labels"),
                                        (["--temperature", "-1"], "--temperature"),

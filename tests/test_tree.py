@@ -472,6 +472,15 @@ def test_tree_experiment_smoke(tmp_path):
     assert data["meta"]["temperature"] == 1.0 and row["lossless"] is None and len(row["tokens_per_s_rounds"]) == 2
     assert row["per_prompt"][0]["steps"] >= 2 and row["tau"] > 0
     assert "| math | dflash | 4 | 1 |" in (out / "tree.md").read_text() and "sampled |" in (out / "tree.md").read_text()
+    # the gumbel sampler: the seed fixes the text, so every configuration is checked against ar again
+    out = tmp_path / "g1"
+    assert experiment.main(["--limit", "1", "--sets", "math", "--nodes", "4", "--max-new-tokens", "8", "--rounds", "2",
+                            "--drafter", "domino=default", "--warmup", "0", "--temperature", "1", "--sampler", "gumbel",
+                            "--out", str(out)]) == 0
+    data = json.loads((out / "tree.json").read_text())
+    assert data["meta"]["sampler"] == "gumbel"
+    assert all(r["lossless"] == r["prompts"] == 1 for r in data["results"]["math"].values())
+    assert "gumbel sampler" in (out / "tree.md").read_text()
 
 
 def test_min_path_probability_keeps_the_likely_subtree():

@@ -171,7 +171,8 @@ def speculative_generate(target, drafter=None, prompt: str | None = None, prompt
                                       torch.tensor([anchor], device=dev), start, draft_cache, n=n,
                                       temperature=0.0 if noise is not None else temperature, top_p=top_p,
                                       generator=gen, topk=draft_k, ctx_ids=ctx_ids, copy=cands,
-                                      noise=noise.rows(range(start + 1, start + 1 + n_drafts))[None]
+                                      # (every slot's row: the compiled head rolls out the whole block)
+                                      noise=noise.rows(range(start + 1, start + 1 + drafter.config.num_drafts))[None]
                                       if noise is not None else None)
                 pending = None
                 drafts = draft.tokens[0]
@@ -186,11 +187,10 @@ def speculative_generate(target, drafter=None, prompt: str | None = None, prompt
                                  greedy=greedy and not topk)
             logits = out.logits[0] if out.logits is not None else None
             if greedy or noise is not None:
-                if noise is not None:
-                    best = sampling.gumbel_choice(logits, noise.rows(range(start + 1, start + 2 + len(draft_list))),
-                                                  temperature, top_p)
-                else:
-                    best = out.tokens[0] if logits is None else logits.argmax(-1)
+                # the target's own token at each verified position: its argmax, or its Gumbel-max draw
+                best = (sampling.gumbel_choice(logits, noise.rows(range(start + 1, start + 2 + len(draft_list))),
+                                               temperature, top_p) if noise is not None
+                        else out.tokens[0] if logits is None else logits.argmax(-1))
                 acc, nxt = sampling.greedy_accept_one(draft_list, best)
             else:
                 p = sampling.warp_probs(logits, temperature, top_p)
@@ -235,6 +235,14 @@ def speculative_generate(target, drafter=None, prompt: str | None = None, prompt
     return GenerationResult(prompt_ids=ids, token_ids=tokens, text=target.decode(tokens) if target.tokenizer else "",
                             steps=steps, target_forward_calls=calls, wall_time_s=wall, prefill_time_s=prefill_time,
                             stop_reason=stop or ("context_length" if cut_by_context else "max_new_tokens"))
+
+
+def add_sampler_arg(p) -> None:
+    """`--sampler`, for the CLIs that sample."""
+    p.add_argument("--sampler", choices=sampling.SAMPLERS, default="rejection",
+                   help="how T > 0 verifies drafts: rejection (standard speculative sampling, the default) or gumbel "
+                        "(Gumbel-max coupling: the seed fixes the text, the same with or without a drafter; "
+                        "docs/design.md#gumbel-coupled-sampling)")
 
 
 def check_sampler(sampler: str, drafter, temperature: float) -> None:
