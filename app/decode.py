@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 
 from domino_lab.decoding import GenerationResult, StepRecord, speculative_generate
 from domino_lab.decoding.engine import check_adaptive_mode, check_tree_mode
-from domino_lab.sampling import SAMPLERS
 from domino_lab.decoding.lookup import MAX_NGRAM
 from domino_lab.errors import UserError
 from domino_lab.models.options import InferenceOptions
+from domino_lab.sampling import SAMPLERS
 from domino_lab.validation import check_seed
 from domino_lab.decoding.metrics import StepTally
 
@@ -390,8 +390,8 @@ def record(snap: Snapshot, texts: Texts, req: Request) -> dict:
     first = snap.token_ids[:1]
     return {"target": req.target, "drafter": req.drafter, "head": snap.head, "block_size": req.block_size,
             "tree_nodes": req.tree_nodes, "tree_min_prob": req.tree_min_prob, "lookup": req.lookup,
-            "adaptive_drafts": req.adaptive, "tree_sampled": req.tree_sampled,
-            "temperature": req.temperature, "sampler": req.sampler, "prefill": first[0] if first else None, "steps": steps,
+            "adaptive_drafts": req.adaptive, "tree_sampled": req.tree_sampled, "temperature": req.temperature,
+            "sampler": req.sampler, "prefill": first[0] if first else None, "steps": steps,
             "counters": counters(snap), "token_ids": snap.token_ids,
             "text": snap.result.text if snap.done else texts.target.decode(snap.token_ids)}
 
