@@ -120,15 +120,18 @@ def run(args) -> dict:
         logs = [math.log(tps[la][i] / tps[lb][i]) for i in range(len(ids))]
         m, lo, hi = interval(logs)
         set_tps = {lab: sum(tokens[lab]) / sum(wall[lab]) for lab in drafters}
+        # per prompt, committed tokens per verify step pooled over the rounds, and a's minus b's
+        tau = {lab: [t / max(1, n) for t, n in zip(tokens[lab], steps[lab])] for lab in drafters}
+        dtau = interval([x - y for x, y in zip(tau[la], tau[lb])])
         out[s] = {"prompts": len(ids), "ratio_geomean": math.exp(m), "ci95": [math.exp(lo), math.exp(hi)],
                   "wins": sum(x > 0 for x in logs), "losses": sum(x < 0 for x in logs),
                   "set_ratio": set_tps[la] / set_tps[lb], "tokens_per_s": set_tps,
-                  # per prompt, committed tokens per verify step, averaged over the prompts
-                  "tau": {lab: statistics.fmean(t / s for t, s in zip(tokens[lab], steps[lab])) for lab in drafters},
+                  "tau": {lab: statistics.fmean(tau[lab]) for lab in drafters},
+                  "dtau": {"mean": dtau[0], "ci95": [dtau[1], dtau[2]]},
                   "identical": all(same) if check_same else None,
                   "per_prompt": [{"id": p.get("id", str(i)),
                                   **{f"{k}_{lab}": v[lab][i] for lab in drafters
-                                     for k, v in (("tokens", tokens), ("wall_s", wall))}}
+                                     for k, v in (("tokens", tokens), ("wall_s", wall), ("steps", steps))}}
                                  for i, p in enumerate(prompts)]}
     return out
 
@@ -138,11 +141,13 @@ def markdown(res: dict, la: str, lb: str, meta: dict) -> str:
              f"{meta['machine']}; {meta['date']}; {meta['wall_s']} s; {meta['rounds']} rounds, alternating order; "
              f"{_mode(meta)}, {meta['max_new_tokens']} new tokens", "",
              f"| set | prompts | τ {la} | τ {lb} | per prompt {la} ÷ {lb} (geometric mean) | 95% CI | wins / losses "
-             f"| over the set | tokens/s {la} | tokens/s {lb} | same tokens |", "|" + "---|" * 10]
+             f"| over the set | tokens/s {la} | tokens/s {lb} | Δτ per prompt (95% CI) | same tokens |",
+             "|" + "---|" * 11]
     for s, r in res.items():
         lines.append(f"| {s} | {r['prompts']} | {r['tau'][la]:.2f} | {r['tau'][lb]:.2f} | {r['ratio_geomean']:.3f} | "
                      f"{r['ci95'][0]:.3f} – {r['ci95'][1]:.3f} | {r['wins']} / {r['losses']} | {r['set_ratio']:.3f} | "
                      f"{r['tokens_per_s'][la]:.1f} | {r['tokens_per_s'][lb]:.1f} | "
+                     f"{r['dtau']['mean']:+.3f} ({r['dtau']['ci95'][0]:+.3f}, {r['dtau']['ci95'][1]:+.3f}) | "
                      f"{_same(r['identical'])} |")
     return "\n".join(lines) + "\n"
 

@@ -35,6 +35,8 @@ def test_speed_pair_reports_paired_ratios(tmp_path):
     tokens = sum(p["tokens_dom"] for p in res["per_prompt"])
     assert tokens == sum(p["tokens_dfl"] for p in res["per_prompt"]) == 3 * 8 * 2
     assert res["tokens_per_s"]["dom"] == pytest.approx(tokens / sum(p["wall_s_dom"] for p in res["per_prompt"]))
+    assert res["dtau"]["ci95"][0] <= res["dtau"]["mean"] <= res["dtau"]["ci95"][1]
+    assert res["tau"]["dom"] - res["tau"]["dfl"] == pytest.approx(res["dtau"]["mean"])
     assert "| math | 3 |" in (tmp_path / "r" / "speed_pair.md").read_text()
 
 
