@@ -94,3 +94,32 @@ def test_bad_sampler_and_sampled_tree_are_one_clear_error():
     with pytest.raises(UserError, match="tree_sampled off or use the rejection sampler"):
         speculative_generate(target, drafter, prompt_ids=[1, 2], max_new_tokens=2, temperature=1.0, tree_nodes=4,
                              sampler="gumbel")
+
+
+@pytest.mark.parametrize("method, opts, drafts", [(None, {}, "all"), ("domino", {}, "all"), ("dflash", {}, "adaptive"),
+                                                  ("domino", {"lookup": 1}, "all")])
+def test_batched_sampling_gives_each_row_its_own_sample(method, opts, drafts):
+    """Batched decoding at T > 0 with the gumbel sampler: row r equals its prompt decoded alone with seed + r, for
+    ragged prompts and rows that stop early at EOS."""
+    from domino_lab.decoding.batched import batched_generate
+
+    target = tiny_target(vocab=40, layers=2, hidden=32, eos=3, logit_scale=4.0)
+    drafter = None if method is None else Drafter.untrained(target, method, seed=2, block_size=4).set_options(
+        InferenceOptions(**opts))
+    prompts = [[5, 6, 7, 5, 6], [9], [1, 2, 1, 2, 1, 2, 8], [4, 4]]
+    for top_p in (1.0, 0.9):
+        res = batched_generate(target, drafter, prompts, max_new_tokens=20, drafts=drafts, temperature=0.9,
+                               top_p=top_p, seed=10, sampler="gumbel")
+        for r, p in enumerate(prompts):
+            alone = speculative_generate(target, None, prompt_ids=p, max_new_tokens=20, temperature=0.9, top_p=top_p,
+                                         seed=10 + r, sampler="gumbel")
+            assert res.token_ids[r] == alone.token_ids, (r, top_p)
+    assert any(len(t) < 20 for t in res.token_ids)          # a row stopped at EOS and left the batch
+
+
+def test_batched_sampling_needs_the_gumbel_sampler():
+    from domino_lab.decoding.batched import batched_generate
+
+    target = tiny_target(vocab=20, layers=1, hidden=16)
+    with pytest.raises(UserError, match="gumbel sampler only"):
+        batched_generate(target, None, [[1, 2]], max_new_tokens=2, temperature=1.0)

@@ -5,8 +5,9 @@ numbers of drafts, so instead of cropping per row (a cache has one length) the r
 the caches as *holes*: an attention mask hides them from every later query, and explicit position ids
 give each row its own positions. Slots rejected by every row are cropped, and rows that finish leave the batch.
 How many drafts a step verifies is the adaptive count of decoding/adaptive.py by default
-(docs/design.md#adaptive-batched-drafts). `drafter=None` is batched plain decoding through the same code. Greedy
-only: each row's output equals its own greedy decoding.
+(docs/design.md#adaptive-batched-drafts). `drafter=None` is batched plain decoding through the same code. Greedy,
+or sampled with the gumbel sampler (docs/design.md#gumbel-coupled-sampling), which verifies by the greedy rule: each
+row's output equals its own decoding, token for token, either way.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import torch
 
 from .. import sampling
 from ..errors import UserError
+from ..validation import check_seed
 from ..models.options import BATCH_DRAFTS
 from .adaptive import DraftCount
 from .kv_cache import new_cache
@@ -40,8 +42,13 @@ class BatchResult:
 
 @torch.no_grad()
 def batched_generate(target, drafter, prompts_ids: list[list[int]], max_new_tokens: int = 128,
-                     drafts: str | None = None) -> BatchResult:
+                     drafts: str | None = None, temperature: float = 0.0, top_p: float = 1.0, seed: int = 0,
+                     sampler: str = "rejection") -> BatchResult:
     """Greedy decoding of every prompt, batched; each row's output equals its own greedy decoding.
+
+    T > 0 samples with `sampler="gumbel"` only (rejection sampling is not batched): row r then emits exactly what
+    `speculative_generate` emits for its prompt with seed `seed + r` and the gumbel sampler, with or without a
+    drafter.
 
     drafts: how many drafts each step verifies, "all" (the drafter's whole block) or "adaptive" (the count that
     maximises measured tokens per second, decoding/adaptive.py; 0 = a plain step); None = the drafter's
@@ -53,6 +60,15 @@ def batched_generate(target, drafter, prompts_ids: list[list[int]], max_new_toke
     drafts = drafts or (drafter.options.batch_drafts if drafter is not None else "all")
     if drafts not in BATCH_DRAFTS:
         raise UserError(f"unknown batch drafts policy '{drafts}'; use one of {list(BATCH_DRAFTS)}")
+    if temperature < 0 or not 0 < top_p <= 1:
+        raise UserError("temperature must be >= 0 and top_p in (0, 1]")
+    if sampler not in sampling.SAMPLERS:
+        raise UserError(f"unknown sampler {sampler!r}; use one of {list(sampling.SAMPLERS)}")
+    if temperature > 0 and sampler != "gumbel":
+        raise UserError("batched decoding samples with the gumbel sampler only (rejection sampling is decoded one "
+                        "sequence at a time): pass sampler='gumbel' or temperature 0")
+    check_seed(seed)
+    check_seed(seed + len(prompts_ids) - 1)
     dev, b = target.device, len(prompts_ids)
     lens = torch.tensor([len(p) for p in prompts_ids], device=dev)
     width = int(lens.max())
@@ -70,6 +86,15 @@ def batched_generate(target, drafter, prompts_ids: list[list[int]], max_new_toke
     n_drafts = drafter.config.num_drafts if drafter is not None else 0
     min_copy = drafter.options.lookup if drafter is not None else 0
     ar = torch.arange(width, device=dev)
+    # one noise source per prompt (its seed and positions): a row's tokens are its own Gumbel-max draws
+    noise = [sampling.GumbelNoise(seed + r, target.vocab_size, temperature, dev) for r in range(b)] \
+        if temperature > 0 else None
+
+    def choose(logits: torch.Tensor, rows: list[int], first: torch.Tensor) -> torch.Tensor:
+        """The target's token at k positions of each row: logits [rows, k, V], the first position [rows]."""
+        k = logits.shape[1]
+        g = torch.stack([noise[r].rows(range(int(f), int(f) + k)) for r, f in zip(rows, first)])
+        return sampling.gumbel_choice(logits.flatten(0, 1), g.flatten(0, 1), temperature, top_p).view(len(rows), k)
 
     t_start = time.perf_counter()
     # left padding: every row's last prompt token sits in the last column
@@ -82,8 +107,8 @@ def batched_generate(target, drafter, prompts_ids: list[list[int]], max_new_toke
     # known (buffers sized for the no-hole case decoded no faster)
     cache = new_cache(target.model.config)
     out = target.forward(ids, cache=cache, taps=taps, attention_mask=valid.long(), position_ids=pos,
-                         last_logits_only=True, greedy=True)
-    anchor = out.tokens[:, -1]
+                         last_logits_only=True, greedy=noise is None)
+    anchor = out.tokens[:, -1] if noise is None else choose(out.logits[:, -1:], list(range(b)), lens)[:, 0]
     tokens = [[int(t)] for t in anchor]
     done = [tokens[r][-1] in eos or len(tokens[r]) >= budget[r] for r in range(b)]
     reasons = ["eos" if tokens[r][-1] in eos else full[r] for r in range(b)]
@@ -139,8 +164,10 @@ def batched_generate(target, drafter, prompts_ids: list[list[int]], max_new_toke
                 for r in live:
                     copiers[r].catch_up(prompts_ids[r], tokens[r])
                 cands = copy_inputs([copiers[r] for r in live], n_drafts, dev)
+            g = None if noise is None else torch.stack(
+                [noise[r].rows(range(int(s) + 1, int(s) + 1 + n_drafts)) for r, s in zip(live, start)])
             drafted = drafter.draft(feats, feats_pos, anchor, start, draft_cache, n=n, key_valid=key_valid,
-                                    copy=cands).tokens
+                                    copy=cands, noise=g).tokens
             draft_valid = torch.cat([draft_valid, feats_valid], dim=1)
             pending = []
             for i, copy in enumerate(copies or []):
@@ -156,8 +183,9 @@ def batched_generate(target, drafter, prompts_ids: list[list[int]], max_new_toke
         vpos = start[:, None] + torch.arange(k, device=dev)
         valid = torch.cat([valid, torch.ones(len(live), k, dtype=torch.bool, device=dev)], dim=1)
         out = target.forward(verify_ids, cache=cache, taps=taps, attention_mask=valid.long(), position_ids=vpos,
-                             greedy=True)
-        acc, nxt = sampling.greedy_accept(drafted, out.tokens)
+                             greedy=noise is None)
+        best = out.tokens if noise is None else choose(out.logits, live, start + 1)
+        acc, nxt = sampling.greedy_accept(drafted, best)
         t2 = time.perf_counter()
         steps += 1
         t_draft, t_verify = t_draft + t1 - t0, t_verify + t2 - t1
@@ -189,5 +217,8 @@ def batched_generate(target, drafter, prompts_ids: list[list[int]], max_new_toke
             pending.append((out.features[:, :m], new_valid[:, :m], vpos[:, :m]))
         anchor = torch.tensor([tokens[r][-1] for r in live], device=dev)
         start = start + keep
+        if noise is not None:
+            for r, s in zip(live, start.tolist()):
+                noise[r].forget(s + 1)
     wall = time.perf_counter() - t_start
     return BatchResult([t for t in tokens], lengths, steps, wall, t_draft, t_verify, reasons)
