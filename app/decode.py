@@ -17,7 +17,7 @@ from domino_lab.decoding.engine import check_adaptive_mode, check_tree_mode
 from domino_lab.decoding.lookup import MAX_NGRAM
 from domino_lab.errors import UserError
 from domino_lab.models.options import InferenceOptions
-from domino_lab.sampling import SAMPLERS
+from domino_lab.sampling import check_sampling
 from domino_lab.validation import check_seed
 from domino_lab.decoding.metrics import StepTally
 
@@ -69,11 +69,7 @@ class Request:
         self.adaptive, self.tree_sampled = bool(self.adaptive), bool(self.tree_sampled)
         check_adaptive_mode(self.adaptive, self.tree_nodes)
         self.sampler = self.sampler or "rejection"
-        if self.sampler not in SAMPLERS:
-            raise UserError(f"sampler must be one of {', '.join(SAMPLERS)}, got {self.sampler!r}")
-        if self.sampler == "gumbel" and self.tree_sampled and self.temperature > 0:
-            raise UserError("a sampled tree draws its children for the rejection sampler; with gumbel the tree is "
-                            "built from the noisy scores: untick 'sampled tree' or pick the rejection sampler")
+        check_sampling(self.temperature, 1.0, self.sampler, self.tree_sampled)
         return self
 
 

@@ -47,7 +47,8 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from . import Target, speculative_generate
-    from .decoding.engine import RECORD_TOPK, check_lookup_mode, check_sampler, check_tree_mode, prompt_token_ids
+    from .decoding.engine import RECORD_TOPK, check_lookup_mode, check_tree_mode, prompt_token_ids
+    from .sampling import check_sampling
     from .decoding.tree import check_tree_nodes
     from .models import InferenceOptions, load_drafter
     from .target import use_decode_threads
@@ -77,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     check_lookup_mode(drafter, options.lookup)
     if args.tree_nodes:
         check_tree_mode(drafter)
-    check_sampler(args.sampler, drafter, args.temperature)
+    check_sampling(args.temperature, args.top_p, args.sampler, options.tree_sampled)
     for row, prompt_ids in zip(prompts, ids):
         res = speculative_generate(target, drafter, prompt_ids=prompt_ids, max_new_tokens=args.max_new_tokens,
                                    temperature=args.temperature, top_p=args.top_p, seed=args.seed,

@@ -31,14 +31,16 @@ class SpeculativeDecoder(pl.LightningModule):
         # registered as submodules so Lightning moves them to the device (and casts them for the precision)
         self.target_model = target.model
         self.draft_model = drafter
-        from .decoding.engine import check_lookup_mode, check_sampler, check_tree_mode
+        from .decoding.engine import check_lookup_mode, check_tree_mode
         from .decoding.tree import check_tree_nodes
 
         tree_nodes = check_tree_nodes(tree_nodes)
         if tree_nodes:               # a misfit fails here, before Lightning starts
             check_tree_mode(drafter)
         check_lookup_mode(drafter, drafter.options.lookup if drafter is not None else 0)
-        check_sampler(sampler, drafter, temperature)
+        from .sampling import check_sampling
+
+        check_sampling(temperature, top_p, sampler, drafter is not None and drafter.options.tree_sampled)
         self.gen = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, block_size=block_size,
                         tree_nodes=tree_nodes, sampler=sampler)
         self.seed, self.steps = seed, steps

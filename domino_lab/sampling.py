@@ -8,11 +8,27 @@ import hashlib
 import numpy as np
 import torch
 
+from .errors import UserError
+
 # How a sampled decode (T > 0) verifies drafts: "rejection" = standard speculative sampling (the drafter samples,
 # the target accepts with probability min(1, p/q)); "gumbel" = Gumbel-max coupling (`GumbelNoise`): the target's
 # token at every position is argmax(log p + g) with noise g fixed by the seed and the position, and the drafter
 # proposes the same argmax over its own logits, so a draft is accepted when it equals that token.
 SAMPLERS = ("rejection", "gumbel")
+
+
+def check_sampling(temperature: float, top_p: float = 1.0, sampler: str = "rejection", tree_sampled: bool = False
+                   ) -> None:
+    """One clear error for settings no decoder can sample with: T < 0, top-p outside (0, 1], an unknown sampler, or a
+    sampled tree (its children drawn for rejection sampling) under the gumbel sampler, whose tree is built from the
+    noisy scores instead."""
+    if temperature < 0 or not 0 < top_p <= 1:
+        raise UserError("temperature must be >= 0 and top_p in (0, 1]")
+    if sampler not in SAMPLERS:
+        raise UserError(f"unknown sampler {sampler!r}; use one of {list(SAMPLERS)}")
+    if sampler == "gumbel" and temperature > 0 and tree_sampled:
+        raise UserError("sampled trees draw their children for rejection sampling; with the gumbel sampler the "
+                        "tree is built from the noisy scores: turn tree_sampled off or use the rejection sampler")
 
 
 def warp_probs(logits: torch.Tensor, temperature: float, top_p: float = 1.0) -> torch.Tensor:

@@ -40,9 +40,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=3, help="decodes of every prompt by each drafter (at T > 0: seeds "
                    "0 .. rounds-1)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (the default); > 0 samples")
+    from domino_lab.decoding.engine import add_sampler_arg
     from domino_lab.sampling import SAMPLERS
-    p.add_argument("--sampler", choices=SAMPLERS, default="rejection", help="how T > 0 verifies drafts "
-                   "(speculative_generate's sampler)")
+    add_sampler_arg(p)
     p.add_argument("--sampler-b", choices=SAMPLERS, default=None, help="--b's sampler when it differs from --a's")
     from domino_lab.target import add_threads_arg
     add_threads_arg(p)
@@ -59,6 +59,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         raise UserError("--limit, --max-new-tokens and --rounds must be >= 1")
     if not 0.0 <= a.temperature <= 10.0:
         raise UserError(f"--temperature must be in [0, 10] (0 = greedy), got {a.temperature}")
+    # each label's sampler, by label
+    a.samplers = {a.a.partition("=")[0]: a.sampler, a.b.partition("=")[0]: a.sampler_b or a.sampler}
     return a
 
 
@@ -91,9 +93,8 @@ def run(args) -> dict:
         label, _, spec = item.partition("=")
         drafters[label] = load_drafter(spec.partition("@")[0], target, options=options(item))
     la, lb = drafters
-    samplers = {la: args.sampler, lb: args.sampler_b or args.sampler}
     # texts must match when greedy, or when both sample with Gumbel coupling (a function of the seed alone)
-    check_same = args.temperature <= 0 or set(samplers.values()) == {"gumbel"}
+    check_same = args.temperature <= 0 or set(args.samplers.values()) == {"gumbel"}
     out = {}
     for s, prompts in sets.items():
         ids = [target.encode(p["prompt"]) for p in prompts]
@@ -111,7 +112,7 @@ def run(args) -> dict:
                     res[lab] = speculative_generate(target, drafters[lab], prompt_ids=x,
                                                     max_new_tokens=args.max_new_tokens,
                                                     temperature=args.temperature, seed=r,
-                                                    sampler=samplers[lab])
+                                                    sampler=args.samplers[lab])
                     wall[lab][i] += res[lab].wall_time_s
                     tokens[lab][i] += len(res[lab].token_ids)
                     steps[lab][i] += len(res[lab].steps)
@@ -155,9 +156,9 @@ def markdown(res: dict, la: str, lb: str, meta: dict) -> str:
 def _mode(meta: dict) -> str:
     if meta["temperature"] <= 0:
         return "greedy"
-    samplers = meta.get("samplers", {})
+    samplers = meta["samplers"]
     how = ", ".join(f"{lab}: {s}" for lab, s in samplers.items()) if len(set(samplers.values())) > 1 else \
-        next(iter(samplers.values()), "rejection")
+        next(iter(samplers.values()))
     return f"sampled at T = {meta['temperature']:g} (round r: seed r; sampler {how})"
 
 
@@ -177,7 +178,7 @@ def main(argv=None) -> int:
                        f"torch {torch.__version__}", "date": time.strftime("%Y-%m-%d %H:%M"),
             "rounds": args.rounds, "max_new_tokens": args.max_new_tokens, "a": args.a, "b": args.b,
             "temperature": args.temperature,
-            "samplers": {la: args.sampler, lb: args.sampler_b or args.sampler},
+            "samplers": args.samplers,
             "wall_s": round(time.time() - started, 1)}
     md = markdown(res, la, lb, meta)
     print(md)

@@ -55,9 +55,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=1, help="prompts every configuration decodes before timing")
     p.add_argument("--temperature", type=float, default=0.0,
                    help="sampling temperature (0 = greedy, the default); > 0: every round is a new sample")
-    from domino_lab.sampling import SAMPLERS
-    p.add_argument("--sampler", choices=SAMPLERS, default="rejection",
-                   help="how T > 0 verifies (gumbel: the seed fixes the text, checked against ar)")
+    from domino_lab.decoding.engine import add_sampler_arg
+    add_sampler_arg(p)                 # (with gumbel every output is checked against ar's sample again)
     from domino_lab.target import add_threads_arg
     add_threads_arg(p)
     p.add_argument("--out", default=str(ROOT / "experiments" / "results"), help="folder for tree.{md,json,png}")

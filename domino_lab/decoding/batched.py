@@ -60,10 +60,7 @@ def batched_generate(target, drafter, prompts_ids: list[list[int]], max_new_toke
     drafts = drafts or (drafter.options.batch_drafts if drafter is not None else "all")
     if drafts not in BATCH_DRAFTS:
         raise UserError(f"unknown batch drafts policy '{drafts}'; use one of {list(BATCH_DRAFTS)}")
-    if temperature < 0 or not 0 < top_p <= 1:
-        raise UserError("temperature must be >= 0 and top_p in (0, 1]")
-    if sampler not in sampling.SAMPLERS:
-        raise UserError(f"unknown sampler {sampler!r}; use one of {list(sampling.SAMPLERS)}")
+    sampling.check_sampling(temperature, top_p, sampler)
     if temperature > 0 and sampler != "gumbel":
         raise UserError("batched decoding samples with the gumbel sampler only (rejection sampling is decoded one "
                         "sequence at a time): pass sampler='gumbel' or temperature 0")

@@ -74,13 +74,11 @@ def speculative_generate(target, drafter=None, prompt: str | None = None, prompt
     plain decoding and every drafter, chain or tree; docs/design.md#gumbel-coupled-sampling)."""
     if max_new_tokens < 1:
         raise UserError("max_new_tokens must be >= 1")
-    if temperature < 0 or not 0 < top_p <= 1:
-        raise UserError("temperature must be >= 0 and top_p in (0, 1]")
+    sampling.check_sampling(temperature, top_p, sampler, drafter is not None and drafter.options.tree_sampled)
     if seed is not None:
         check_seed(seed)
     if topk < 0:
         raise UserError(f"topk must be >= 0 (0 = no top-k in the step records), got {topk}")
-    check_sampler(sampler, drafter, temperature)
     draft_k = topk or DRAFT_TOPK
     tree_nodes = trees.check_tree_nodes(tree_nodes)
     if tree_nodes:
@@ -243,15 +241,6 @@ def add_sampler_arg(p) -> None:
                    help="how T > 0 verifies drafts: rejection (standard speculative sampling, the default) or gumbel "
                         "(Gumbel-max coupling: the seed fixes the text, the same with or without a drafter; "
                         "docs/design.md#gumbel-coupled-sampling)")
-
-
-def check_sampler(sampler: str, drafter, temperature: float) -> None:
-    """A known sampler; a sampled tree draws its children for rejection sampling, which Gumbel coupling replaces."""
-    if sampler not in sampling.SAMPLERS:
-        raise UserError(f"unknown sampler {sampler!r}; use one of {list(sampling.SAMPLERS)}")
-    if sampler == "gumbel" and temperature > 0 and drafter is not None and drafter.options.tree_sampled:
-        raise UserError("sampled trees draw their children for rejection sampling; with the gumbel sampler the "
-                        "tree is built from the noisy scores: turn tree_sampled off or use the rejection sampler")
 
 
 def check_tree_mode(drafter) -> None:
