@@ -8,6 +8,11 @@ fast head in torch ops, or its greedy rollout compiled by torch.compile; `domino
 by default the fused C++ loop: what each head path costs per draft step), and `dflash-tree` / `domino-tree` (the same
 two drafters verified as draft trees of `--tree-nodes` nodes, 32 by default, instead of chains).
 Every method's tokens are checked against `ar`'s on every prompt (greedy decoding is lossless).
+
+`--temperature T > 0` benches sampled decoding, prompt i with seed `--seed` + i for every method. With `--sampler
+gumbel` the seed fixes the text (docs/design.md#gumbel-coupled-sampling), so our methods' samples are still checked
+against `ar`'s, token for token; with the rejection sampler they are equal in distribution only (tested in
+tests/test_sampling.py), and the `hf` methods sample with Hugging Face's own random stream: neither is compared.
 """
 from __future__ import annotations
 
@@ -40,39 +45,71 @@ class Run:
     tally: StepTally | None = None         # the step records' counts (our engine only)
 
 
+@dataclass(frozen=True)
+class Sampling:
+    """How every method decodes: greedy (T = 0, the default) or sampled, prompt i with seed `seed` + i."""
+    temperature: float = 0.0
+    top_p: float = 1.0
+    sampler: str = "rejection"
+    seed: int = 0
+
+    def describe(self) -> str:
+        if self.temperature == 0:
+            return "greedy"
+        return (f"sampled: T = {self.temperature:g}, top-p {self.top_p:g}, {self.sampler} sampler, seed {self.seed} "
+                f"+ prompt index")
+
+
 class Bench:
     def __init__(self, target, methods, drafters: dict, assistant=None, max_new_tokens: int = 128,
-                 prompt_lookup_tokens: int = 10, tree_nodes: int = DEFAULT_TREE_NODES):
+                 prompt_lookup_tokens: int = 10, tree_nodes: int = DEFAULT_TREE_NODES,
+                 sampling: Sampling = Sampling()):
         self.target, self.methods, self.drafters = target, list(methods), drafters
         self.assistant, self.max_new, self.lookup = assistant, max_new_tokens, prompt_lookup_tokens
         self.tree_nodes = tree_nodes             # node budget of the *-tree methods
+        self.sampling = sampling
         self.calls = 0
         # counts target forwards inside HF generate (one per verification for the assisted methods)
         target.model.register_forward_pre_hook(self._count)
 
+    def compared(self, method: str) -> bool:
+        """Whether `method`'s tokens must equal `ar`'s: greedy, every method; sampled, our decoders under the gumbel
+        sampler (the seed fixes the text; the hf methods sample from their own random stream)."""
+        if method == "ar":
+            return False
+        s = self.sampling
+        return s.temperature == 0 or (s.sampler == "gumbel" and (method in OURS or method in self.drafters))
+
     def _count(self, *_):
         self.calls += 1
 
-    def run(self, method: str, ids: list[int]) -> Run:
+    def run(self, method: str, ids: list[int], index: int = 0) -> Run:
+        """`method` on one prompt; `index` (the prompt's place in its set) picks its sampling seed."""
         from .decoding import speculative_generate
         from .decoding.metrics import StepTally
 
+        s = self.sampling
         if method in OURS or method in self.drafters:
             res = speculative_generate(self.target, self.drafters.get(method), prompt_ids=ids,
                                        max_new_tokens=self.max_new,
-                                       tree_nodes=self.tree_nodes if method in TREE_METHODS else 0)
+                                       tree_nodes=self.tree_nodes if method in TREE_METHODS else 0,
+                                       temperature=s.temperature, top_p=s.top_p, sampler=s.sampler,
+                                       seed=s.seed + index)
             n = self.drafters[method].config.num_drafts if method in self.drafters else 0
             return Run(res.token_ids, res.wall_time_s, len(res.steps), StepTally(n).add(res.steps))
-        return self._hf(method, ids)
+        return self._hf(method, ids, index)
 
-    def _hf(self, method: str, ids: list[int]) -> Run:
+    def _hf(self, method: str, ids: list[int], index: int = 0) -> Run:
         import torch
 
-        t = self.target
+        t, s = self.target, self.sampling
         eos = sorted(t.eos_token_ids)
-        kw = dict(max_new_tokens=min(self.max_new, t.max_length - len(ids)), do_sample=False, num_beams=1,
-                  eos_token_id=eos or None, pad_token_id=eos[0] if eos else 0, temperature=None, top_p=None,
-                  top_k=None)
+        sample = s.temperature > 0
+        kw = dict(max_new_tokens=min(self.max_new, t.max_length - len(ids)), do_sample=sample, num_beams=1,
+                  eos_token_id=eos or None, pad_token_id=eos[0] if eos else 0,
+                  temperature=s.temperature if sample else None, top_p=s.top_p if sample else None, top_k=None)
+        if sample:
+            torch.manual_seed(s.seed + index)        # HF samples from torch's global stream
         if method == "hf-prompt-lookup":
             kw["prompt_lookup_num_tokens"] = self.lookup
         elif method == "hf-assisted":
@@ -128,9 +165,9 @@ def bench_set(b: Bench, prompts: list[dict], warmup: int, progress: bool = True)
     for i, x in enumerate(tqdm(ids, desc="bench", disable=not progress)):
         k = i % len(b.methods)                  # rotate the order so no method always runs first
         for m in b.methods[k:] + b.methods[:k]:
-            runs[m].append(b.run(m, x))
+            runs[m].append(b.run(m, x, i))
     ref = runs.get("ar")
-    res = {m: summarize(r, ref if m != "ar" else None) for m, r in runs.items()}
+    res = {m: summarize(r, ref if b.compared(m) else None) for m, r in runs.items()}
     ar, hf = res.get("ar"), res.get("hf")
     for m, r in res.items():
         if ar:
@@ -151,7 +188,8 @@ def bench_batched(b: Bench, prompts: list[dict], sizes: list[int], rounds: int =
     Each size decodes the same prompts in consecutive batches, every method on a batch before the next batch (the
     order rotating per batch and per round, as the batch-1 bench rotates per prompt), `rounds` times: tokens/s is
     the median over rounds, the speedup the median of the per-round ratios (each against the `ar` run beside it),
-    so a slow minute of the machine moves both sides of a ratio. Outputs are checked against `ar`."""
+    so a slow minute of the machine moves both sides of a ratio. Outputs are checked against `ar` (sampled decoding
+    batches with the gumbel sampler only, whose seed fixes the text)."""
     import statistics
 
     from tqdm.auto import tqdm
@@ -159,6 +197,7 @@ def bench_batched(b: Bench, prompts: list[dict], sizes: list[int], rounds: int =
     from .decoding.batched import batched_generate
 
     ids = [b.target.encode(p["prompt"]) for p in prompts]
+    smp = b.sampling
     # our decoders that batch (the head's cost shows at batch 1, so its variants are left out here; tree
     # verification decodes one sequence at a time; the draft cutoff is a batch-1 chain option)
     methods = [m for m in b.methods if (m == "ar" or (m in b.drafters and b.drafters[m].supports_batched
@@ -169,7 +208,8 @@ def bench_batched(b: Bench, prompts: list[dict], sizes: list[int], rounds: int =
     bar = tqdm(total=sum(-(-len(ids) // size) for size in sizes) * rounds * len(methods), desc="batched",
                disable=not progress)
     for size in sizes:
-        chunks = [ids[i:i + size] for i in range(0, len(ids), size)]
+        starts = range(0, len(ids), size)
+        chunks = [ids[i:i + size] for i in starts]
         per_round = {m: [] for m in methods}            # (tokens, wall) of each round
         toks = {m: [] for m in methods}
         lengths = {m: [] for m in methods}
@@ -178,11 +218,14 @@ def bench_batched(b: Bench, prompts: list[dict], sizes: list[int], rounds: int =
             for c, chunk in enumerate(chunks):
                 k = (r + c) % len(methods)
                 for m in methods[k:] + methods[:k]:
-                    res = batched_generate(b.target, b.drafters.get(m), chunk, b.max_new)
+                    # row r of a batch samples with seed + its prompt's index, as at batch 1
+                    res = batched_generate(b.target, b.drafters.get(m), chunk, b.max_new,
+                                           temperature=smp.temperature, top_p=smp.top_p, sampler=smp.sampler,
+                                           seed=smp.seed + starts[c])
                     bar.update()
                     tally[m][0] += sum(map(len, res.token_ids))
                     tally[m][1] += res.wall_time_s
-                    if r == 0:                         # greedy: every round decodes the same tokens
+                    if r == 0:                         # greedy or gumbel: every round decodes the same tokens
                         toks[m] += res.token_ids
                         lengths[m] += [a for row_ in res.acceptance_lengths for a in row_]
             for m in methods:
@@ -225,7 +268,8 @@ def table(results: dict) -> str:
             lines.append(f"| {s} | {m} | {_fmt(r['tau'])} | {r['tokens_per_s']:.1f} | {_fmt(r.get('speedup_vs_ar'))}x | "
                          f"{_fmt(r.get('speedup_vs_hf'))}x | {_fmt(r.get('draft_ms'))} | {_fmt(r.get('verify_ms'))} | "
                          f"{_fmt(r.get('bound_vs_ar'))} | {_fmt(r.get('measured_over_bound'))} | "
-                         f"{(str(ll['equal']) + '/' + str(ll['total'])) if ll else 'ref'} | {pos} |")
+                         f"{(str(ll['equal']) + '/' + str(ll['total'])) if ll else 'ref' if m == 'ar' else '–'} | "
+                         f"{pos} |")
     return "\n".join(lines)
 
 
@@ -279,6 +323,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_inference_args(p)
     p.add_argument("--tree-nodes", type=int, default=DEFAULT_TREE_NODES, metavar="N",
                    help=f"node budget of the dflash-tree and domino-tree methods (default {DEFAULT_TREE_NODES})")
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="0 = greedy (the default); T > 0 samples every method, prompt i with seed --seed + i")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=0, help="sampling seed of the first prompt of each set (T > 0)")
+    from .decoding.engine import add_sampler_arg
+    add_sampler_arg(p)
     p.add_argument("--prompt-lookup-tokens", type=int, default=10)
     p.add_argument("--limit", type=int, default=None, help="first N prompts of every set")
     p.add_argument("--max-new-tokens", type=int, default=128)
@@ -370,6 +420,31 @@ def projection_table(proj: dict, path: str) -> str:
     return "\n".join(lines)
 
 
+def check_sampling_args(smp: Sampling, options: list, prompts: int, batched: bool) -> None:
+    """One clear error, before any model loads, for sampling settings some method could not decode with."""
+    from . import sampling
+    from .validation import check_seed
+
+    for o in options or [None]:
+        sampling.check_sampling(smp.temperature, smp.top_p, smp.sampler, bool(o and o.tree_sampled))
+    check_seed(smp.seed, "--seed")
+    check_seed(smp.seed + prompts - 1, "--seed + the prompt index")
+    if batched and smp.temperature > 0 and smp.sampler != "gumbel":
+        raise UserError("--batch-sizes at --temperature > 0 needs --sampler gumbel (batched decoding samples with the "
+                        "gumbel sampler only)")
+
+
+def agreement(smp: Sampling) -> str:
+    """What the bench checked about the methods' outputs (when every check passed)."""
+    if smp.temperature == 0:
+        return "Every method's output equals `ar`'s on every prompt."
+    if smp.sampler == "gumbel":
+        return ("Every one of our methods samples exactly `ar`'s text on every prompt (the gumbel sampler: the seed "
+                "fixes the text); the hf methods sample from their own random stream and are not compared.")
+    return ("Sampled with the rejection sampler: each method's output is a sample of the same distribution (tested "
+            "in tests/test_sampling.py), so outputs are not compared token for token.")
+
+
 def load_assistant(spec: str, target, dtype):
     from transformers import AutoModelForCausalLM
 
@@ -415,6 +490,7 @@ def main(argv: list[str] | None = None) -> int:
     from .target import Target, use_decode_threads
 
     options = InferenceOptions.from_args(args)
+    smp = Sampling(args.temperature, args.top_p, args.sampler, args.seed)
     # drafter slot -> (spec, options): the two named slots, the head variants of `domino`, then --drafter LABEL=SPEC
     specs = {m: (getattr(args, m), options) for m in ("dflash", "domino") if m in args.methods}
     specs |= {m: (getattr(args, slot), options) for m, slot in TREE_METHODS.items() if m in args.methods}
@@ -431,6 +507,7 @@ def main(argv: list[str] | None = None) -> int:
         spec, _, opts = spec.partition("@")
         specs[label] = (spec, with_options(options, opts, item))
         extra.append(label)
+    check_sampling_args(smp, [o for _, o in specs.values()], max(map(len, sets.values())), bool(args.batch_sizes))
     target = Target.from_pretrained(args.target, dtype=args.dtype)
     use_decode_threads(target, args.threads)
     drafters = {m: load_drafter(spec, target, options=o) for m, (spec, o) in specs.items()}
@@ -438,7 +515,8 @@ def main(argv: list[str] | None = None) -> int:
     methods = [m for m in METHODS if m in args.methods] + extra
     if "ar" not in methods:
         methods.insert(0, "ar")     # the reference for losslessness and speedup
-    b = Bench(target, methods, drafters, assistant, args.max_new_tokens, args.prompt_lookup_tokens, args.tree_nodes)
+    b = Bench(target, methods, drafters, assistant, args.max_new_tokens, args.prompt_lookup_tokens, args.tree_nodes,
+              smp)
     started = time.time()
     results = {s: bench_set(b, prompts, args.warmup) for s, prompts in sets.items()}
     batched = ({s: bench_batched(b, prompts, args.batch_sizes, args.batch_rounds) for s, prompts in sets.items()}
@@ -450,6 +528,7 @@ def main(argv: list[str] | None = None) -> int:
             "options": {m: asdict(o) for m, (_, o) in specs.items()},
             "domino_head": asdict(drafters["domino"].options) if "domino" in drafters else None,
             "max_new_tokens": args.max_new_tokens, "wall_s": round(time.time() - started, 1),
+            "sampling": asdict(smp),
             "tree_nodes": args.tree_nodes if set(TREE_METHODS) & set(methods) else None,
             # our decoders read greedy tokens through the half-precision head screen where the head allows it
             # (exact; docs/design.md#greedy-head-screen); the hf methods always read the full head
@@ -480,9 +559,9 @@ def main(argv: list[str] | None = None) -> int:
                 if r["lossless"] != len(sets[s]):
                     notes.append(f"**{s}/batch {size}/{m}: output differs from `ar` on "
                                  f"{len(sets[s]) - r['lossless']} prompt(s).**")
-    text = (f"`{meta['command']}`\n\n{meta['machine']}; {meta['date']}; {meta['wall_s']} s; greedy LM head: "
-            f"{meta['lm_head']}\n\n{md}\n\n"
-            + ("\n".join(notes) + "\n\n" if notes else "Every method's output equals `ar`'s on every prompt.\n\n")
+    text = (f"`{meta['command']}`\n\n{meta['machine']}; {meta['date']}; {meta['wall_s']} s; {smp.describe()}"
+            + (f"; greedy LM head: {meta['lm_head']}" if smp.temperature == 0 else "") + f"\n\n{md}\n\n"
+            + ("\n".join(notes) + "\n\n" if notes else agreement(smp) + "\n\n")
             + (f"Batched decoding (ragged acceptance; same prompts in consecutive batches):\n\n"
                f"{batched_table(batched, {s: len(p) for s, p in sets.items()})}\n\n" if batched else "")
             + (projection_table(proj, args.project) + "\n\n" if proj else "")
@@ -492,7 +571,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.mlflow:
         _log_mlflow(results, meta, out, args.tracking_uri)
     print(md)
-    print("\n".join(notes) or "lossless: every method equals ar on every prompt", file=sys.stderr)
+    print("\n".join(notes) or agreement(smp), file=sys.stderr)
     print(f"wrote {out / 'bench.md'} and {out / 'bench.json'}", file=sys.stderr)
     return 1 if notes else 0
 
@@ -506,6 +585,7 @@ def _log_mlflow(results: dict, meta: dict, out: Path, uri: str | None) -> None:
     mlflow.set_experiment("bench")
     with mlflow.start_run(run_name=f"bench-{meta['date']}"):
         mlflow.log_params({"target": meta["target"], "max_new_tokens": meta["max_new_tokens"],
+                           **{f"sampling.{k}": v for k, v in meta["sampling"].items()},
                            **{f"drafter.{k}": v for k, v in meta["drafters"].items()}})
         for s, res in results.items():
             for m, r in res.items():

@@ -15,11 +15,14 @@ from .errors import UserError
 
 
 def evaluate(target, drafter, prompts: list[dict], max_new_tokens: int = 128, temperature: float = 0.0,
-             seed: int = 0, progress: bool = False, keep_ids: bool = False, samples: int = 1) -> dict:
+             seed: int = 0, progress: bool = False, keep_ids: bool = False, samples: int = 1,
+             sampler: str = "rejection") -> dict:
     """τ and timings over `prompts`; `keep_ids` adds each prompt's generated token ids (lossless checks).
 
     samples > 1 (T > 0 only): each prompt is decoded with sampling seeds seed, seed + 1, ...; its row pools their
-    steps, so a paired comparison still has one difference per prompt but far less sampling noise in it."""
+    steps, so a paired comparison still has one difference per prompt but far less sampling noise in it.
+    `sampler` (T > 0): "gumbel" makes every drafter sample the same text as plain decoding for a seed, so a paired
+    difference compares two drafters on identical texts (docs/design.md#gumbel-coupled-sampling)."""
     from tqdm.auto import tqdm
 
     if samples < 1 or (samples > 1 and temperature <= 0):
@@ -32,7 +35,7 @@ def evaluate(target, drafter, prompts: list[dict], max_new_tokens: int = 128, te
         tokens, wall = 0, 0.0
         for k in range(samples):
             res = speculative_generate(target, drafter, prompt=p["prompt"], max_new_tokens=max_new_tokens,
-                                       temperature=temperature, seed=seed + k)
+                                       temperature=temperature, seed=seed + k, sampler=sampler)
             tally.add(res.steps)
             own.add(res.steps)
             tokens, wall = tokens + len(res.token_ids), wall + res.wall_time_s

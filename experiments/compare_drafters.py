@@ -26,6 +26,8 @@ def main(argv=None) -> int:
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--samples", type=int, default=1,
                    help="T > 0: sampling seeds per prompt, pooled into the prompt's τ (less noise per paired difference)")
+    from domino_lab.decoding.engine import add_sampler_arg
+    add_sampler_arg(p)
     p.add_argument("--out", required=True, help="JSON results (a markdown table is printed and written beside it)")
     args = p.parse_args(argv)
     target = Target.from_pretrained(args.target)
@@ -37,7 +39,7 @@ def main(argv=None) -> int:
     for s in args.sets:
         prompts = load_eval_set(s, limit=args.limit)
         res = {n: evaluate(target, d, prompts, args.max_new_tokens, args.temperature, progress=True,
-                            samples=args.samples)
+                            samples=args.samples, sampler=args.sampler)
                for n, d in drafters.items()}
         results["sets"][s] = {n: r for n, r in res.items()}
         for n in names:

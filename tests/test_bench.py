@@ -83,6 +83,57 @@ def test_quick_bench_writes_table_json_and_checks_losslessness(dirs, tmp_path, c
     assert (out / "speedup.png").exists() and (out / "accept_pos.png").exists()
 
 
+def test_sampled_bench_gumbel_checks_every_sample_against_ar(dirs, tmp_path):
+    """T > 0 with the gumbel sampler: prompt i samples with seed + i in every method, so each of our decoders (chain,
+    tree, batched) emits exactly plain decoding's sample; the hf methods sample on their own and are not compared."""
+    from domino_lab.bench import main
+
+    root, tdir, _, prompts = dirs
+    out = tmp_path / "bench"
+    argv = ["--target", tdir, "--dtype", "float64", "--sets", prompts, "--quick", "--limit", "3", "--out", str(out),
+            "--domino", str(root / "domino"), "--dflash", str(root / "dflash"), "--methods", "ar", "hf", "dflash",
+            "domino", "domino-tree", "--tree-nodes", "6", "--batch-sizes", "2", "--temperature", "1.5",
+            "--top-p", "0.9", "--sampler", "gumbel", "--seed", "7"]
+    assert main(argv) == 0
+    doc = json.loads((out / "bench.json").read_text())
+    res, batched = doc["results"]["prompts"], doc["batched"]["prompts"]["2"]
+    assert doc["meta"]["sampling"] == {"temperature": 1.5, "top_p": 0.9, "sampler": "gumbel", "seed": 7}
+    target = Target.from_pretrained(tdir, dtype="float64")
+    texts = ["def add(a, b):", "Question: Tom has 3 apples", "return a +"]
+    samples = [speculative_generate(target, None, prompt=t, max_new_tokens=16, temperature=1.5, top_p=0.9,
+                                    sampler="gumbel", seed=7 + i).token_ids for i, t in enumerate(texts)]
+    greedy = [speculative_generate(target, None, prompt=t, max_new_tokens=16).token_ids for t in texts]
+    assert samples != greedy                                   # it sampled
+    for m in ("dflash", "domino", "domino-tree"):
+        assert res[m]["lossless"] == {"equal": 3, "total": 3, "mismatch_prompts": []}, m
+    assert "lossless" not in res["hf"]                         # its own random stream: not compared
+    # each prompt's sample is plain decoding's with seed 7 + its index, at batch 1 and in batches of 2
+    assert sum(len(s) for s in samples) == res["ar"]["tokens"] == res["domino"]["tokens"]
+    assert {m: r["lossless"] for m, r in batched.items()} == {"ar": 3, "dflash": 3, "domino": 3}
+    from domino_lab.bench import Bench, Sampling
+
+    b = Bench(target, ["ar", "domino"], {"domino": Drafter.from_pretrained(root / "domino", target)},
+              max_new_tokens=16, sampling=Sampling(1.5, 0.9, "gumbel", 7))
+    for i, t in enumerate(texts):
+        assert b.run("domino", target.encode(t), i).tokens == b.run("ar", target.encode(t), i).tokens == samples[i]
+    md = (out / "bench.md").read_text()
+    assert "gumbel sampler, seed 7" in md and "samples exactly `ar`'s text" in md and "| prompts | hf |" in md
+
+
+def test_sampled_bench_rejection_compares_nothing_token_for_token(dirs, tmp_path):
+    from domino_lab.bench import main
+
+    root, tdir, _, prompts = dirs
+    out = tmp_path / "bench"
+    assert main(["--target", tdir, "--dtype", "float64", "--sets", prompts, "--quick", "--out", str(out),
+                 "--domino", str(root / "domino"), "--methods", "ar", "domino", "--temperature", "1"]) == 0
+    res = json.loads((out / "bench.json").read_text())["results"]["prompts"]
+    assert "lossless" not in res["domino"] and res["domino"]["tau"] >= 1
+    md = (out / "bench.md").read_text()
+    assert "rejection sampler" in md and "not compared token for token" in md
+    assert "| prompts | domino |" in md and " | – | " in md.split("| prompts | domino |")[1].splitlines()[0]
+
+
 def test_bench_bad_input_is_one_clear_line(dirs, tmp_path, capsys):
     from domino_lab.bench import main
 
@@ -98,7 +149,13 @@ def test_bench_bad_input_is_one_clear_line(dirs, tmp_path, capsys):
                       (["--sets", prompts, "--target", tdir, "--methods", "ar", "--project", prompts],
                        "not a regime map"),
                       (["--sets", prompts, "--target", tdir, "--methods", "ar", "--drafter", "x=untrained:nope"],
-                       "unknown drafter method")):
+                       "unknown drafter method"),
+                      (["--sets", prompts, "--temperature", "-1"], "temperature must be >= 0"),
+                      (["--sets", prompts, "--temperature", "1", "--top-p", "1.5"], "top_p in (0, 1]"),
+                      (["--sets", prompts, "--temperature", "1", "--batch-sizes", "2"], "--sampler gumbel"),
+                      (["--sets", prompts, "--temperature", "1", "--sampler", "gumbel", "--tree-sampled"],
+                       "sampled trees"),
+                      (["--sets", prompts, "--seed", "-1"], "--seed")):
         with pytest.raises(SystemExit) as e:
             run_cli(main, argv + ["--out", str(tmp_path / "o")])
         err = [x for x in capsys.readouterr().err.splitlines() if x.startswith("error:")]

@@ -37,17 +37,46 @@ def test_samples_pool_several_sampling_seeds_per_prompt(target, monkeypatch):
         evaluate(target, d, [], 12, 0.0, samples=2)
 
 
+def test_gumbel_sampler_evaluates_every_drafter_on_plain_decodings_text(target, monkeypatch):
+    from domino_lab import Drafter, speculative_generate
+    from domino_lab.evaluate import evaluate
+    import domino_lab.evaluate as ev
+
+    prompts = {f"p{i}": ids for i, ids in enumerate(([5, 9, 17], [40, 41, 42], [7]))}
+    orig = ev.speculative_generate
+    monkeypatch.setattr(ev, "speculative_generate",
+                        lambda target, drafter, prompt, **kw: orig(target, drafter, prompt_ids=prompts[prompt], **kw))
+    plain = [speculative_generate(target, None, prompt_ids=ids, max_new_tokens=20, temperature=1.0, seed=5,
+                                  sampler="gumbel").token_ids for ids in prompts.values()]
+    rows = [{"id": k, "prompt": k} for k in prompts]
+    for method in ("dflash", "domino"):
+        d = Drafter.untrained(target, method, seed=0, block_size=4)
+        res = evaluate(target, d, rows, 20, 1.0, seed=5, keep_ids=True, sampler="gumbel")
+        assert [r["token_ids"] for r in res["per_prompt"]] == plain, method
+
+
 def test_compare_drafters_script_with_samples(tmp_path):
+    """Two sampling seeds per prompt; --sampler gumbel: both drafters sample plain decoding's text for each seed, so
+    their rows count the same tokens on every prompt (with the rejection sampler each samples a text of its own)."""
     out = tmp_path / "cmp.json"
-    cmd = [sys.executable, str(ROOT / "experiments" / "compare_drafters.py"), "--drafter", "domino=default",
-           "--drafter", "dflash=default-dflash", "--sets", "math", "--limit", "2", "--max-new-tokens", "16",
-           "--temperature", "1.0", "--samples", "2", "--out", str(out)]
-    subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=ROOT)
-    res = json.loads(out.read_text())["sets"]["math"]
+    base = [sys.executable, str(ROOT / "experiments" / "compare_drafters.py"), "--drafter", "domino=default",
+            "--drafter", "dflash=default-dflash", "--sets", "humaneval", "--limit", "2", "--max-new-tokens", "40"]
+    subprocess.run(base + ["--temperature", "1.0", "--samples", "2", "--sampler", "gumbel", "--out", str(out)],
+                   check=True, capture_output=True, text=True, cwd=ROOT)
+    res = json.loads(out.read_text())["sets"]["humaneval"]
     assert [r["id"] for r in res["domino"]["per_prompt"]] == [r["id"] for r in res["dflash"]["per_prompt"]]
     assert res["paired_domino_vs_dflash"]["n"] == 2
-    assert "--samples 2" in out.with_suffix(".md").read_text()
-    bad = subprocess.run(cmd[:-6] + ["--samples", "2", "--out", str(tmp_path / "bad.json")], capture_output=True,
+    assert "--samples 2 --sampler gumbel" in out.with_suffix(".md").read_text()
+    from domino_lab import Target, speculative_generate
+    from domino_lab.data.eval_sets import load_eval_set
+
+    target = Target.from_pretrained("default")
+    plain = [sum(len(speculative_generate(target, None, prompt=p["prompt"], max_new_tokens=40, temperature=1.0,
+                                          seed=k, sampler="gumbel").token_ids) for k in (0, 1))
+             for p in load_eval_set("humaneval", limit=2)]
+    for name in ("domino", "dflash"):
+        assert [r["tokens"] for r in res[name]["per_prompt"]] == plain, name
+    bad = subprocess.run(base + ["--samples", "2", "--out", str(tmp_path / "bad.json")], capture_output=True,
                          text=True, cwd=ROOT)
     assert bad.returncode != 0 and "only with a temperature > 0" in bad.stderr
     assert not (tmp_path / "bad.json").exists()

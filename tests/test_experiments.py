@@ -82,6 +82,27 @@ def test_quick_run(work, name):
         assert "| domino-b16 | 16 |" in md and "| dflash-b4 | 4 |" in md
 
 
+def test_gumbel_sampler_spec_checks_sampled_outputs(work, tmp_path):
+    """`sampler: gumbel` at T > 0: every variant samples plain decoding's text for a seed, so the table checks it
+    token for token, as it does greedy output."""
+    spec = tmp_path / "sampled.yaml"
+    spec.write_text(yaml.safe_dump({"title": "Sampled", "runs": {"domino": {"recipe": "domino"}},
+                                    "variants": [{"name": "ar"}, {"name": "domino", "run": "domino"},
+                                                 {"name": "domino-off", "run": "domino", "head": False}],
+                                    "sets": ["math"], "temperatures": [1.0], "sampler": "gumbel"}))
+    argv = ["run", str(spec), "--quick", "--no-progress", "--out-dir", str(work / "results"), "--runs-dir",
+            str(work / "runs"), "--tracking-uri", f"sqlite:///{work / 'mlflow.db'}"]
+    assert main(argv) == 0
+    cell = json.loads((work / "results" / "sampled.json").read_text())["results"]["math"]["1.0"]
+    for v in ("ar", "domino", "domino-off"):
+        assert cell[v]["0"]["lossless"] == 2, v
+    md = (work / "results" / "sampled.md").read_text()
+    assert "### math, T=1.0, gumbel sampler" in md and "the gumbel sampler at T > 0" in md
+    assert "| domino | 1 |" in md and "| 2/2 |" in md
+    with pytest.raises(UserError, match="unknown sampler"):
+        parse_spec({**yaml.safe_load(spec.read_text()), "sampler": "nope"}, "bad", "t.yaml")
+
+
 def test_runs_are_reused_not_retrained(work):
     """A second run of the same experiment trains nothing (shared runs by name) and reports that."""
     out = run_quick(work, "head_ablation")

@@ -71,9 +71,11 @@ def measure(spec: ExperimentSpec, trained: dict, quick: bool, progress: bool = T
     for s in spec.sets:
         prompts = load_eval_set(s, limit=limit)
         for temp in spec.temperatures:
-            greedy = temp <= 0
+            # greedy, or the gumbel sampler (the seed fixes the text): every variant must emit plain decoding's tokens
+            checked = temp <= 0 or spec.sampler == "gumbel"
             print(f"[experiments] {s} T={temp}: {len(prompts)} prompts, {max_new} new tokens", file=sys.stderr)
-            ar = evaluate(target, None, prompts, max_new, temp, progress=progress, keep_ids=greedy)
+            ar = evaluate(target, None, prompts, max_new, temp, progress=progress, keep_ids=checked,
+                          sampler=spec.sampler)
             cell = results.setdefault(s, {}).setdefault(str(temp), {})
             for v in spec.variants:
                 if (v.sets and s not in v.sets) or (v.temperatures is not None and temp not in v.temperatures):
@@ -84,10 +86,11 @@ def measure(spec: ExperimentSpec, trained: dict, quick: bool, progress: bool = T
                         r = dict(ar)
                     else:
                         d = load_variant(v, trained[(v.run, seed)], target, cache)
-                        r = evaluate(target, d, prompts, max_new, temp, progress=progress, keep_ids=greedy)
+                        r = evaluate(target, d, prompts, max_new, temp, progress=progress, keep_ids=checked,
+                                     sampler=spec.sampler)
                     r["speedup"] = _s_per_token(ar) / _s_per_token(r)
                     r["tok_s"] = 1.0 / _s_per_token(r)
-                    if greedy:   # lossless: every prompt's output equals the target's own greedy output
+                    if checked:  # lossless: every prompt's output equals the target's own (greedy or gumbel)
                         ref = {p["id"]: p["token_ids"] for p in ar["per_prompt"]}
                         r["lossless"] = sum(p["token_ids"] == ref[p["id"]] for p in r["per_prompt"])
                     r["per_prompt"] = [{k: x for k, x in p.items() if k != "token_ids"} for p in r["per_prompt"]]

@@ -43,7 +43,8 @@ def tables(spec: ExperimentSpec, results: dict, trained: dict, extras: dict) -> 
     lines = []
     for s, temps in results.items():
         for temp, cell in temps.items():
-            lines += [f"### {s}, T={temp}", "",
+            how = f", {spec.sampler} sampler" if float(temp) > 0 else ""
+            lines += [f"### {s}, T={temp}{how}", "",
                       "| variant | " + "".join(f"{c} | " for c in cols) + "seeds | τ | speedup vs ar | tok/s | "
                       "draft ms | verify ms | lossless | accept per position |",
                       "|---|" + "---|" * (len(cols) + 8)]
@@ -104,10 +105,14 @@ def markdown(spec: ExperimentSpec, results: dict, trained: dict, extras: dict, m
             f"{meta['wall_min']} min (training reused or run: {meta['trained']}).", ""]
     if spec.question:
         head += [f"**Question.** {spec.question.strip()}", ""]
+    sampled = f" (the {spec.sampler} sampler at T > 0)" if any(t > 0 for t in spec.temperatures) else ""
+    same = (" (at T > 0 with the gumbel sampler: to plain decoding's sample for the same seed; with the rejection "
+            "sampler outputs are samples, not compared)") if sampled else ""
     head += [f"Eval: sets {', '.join(spec.sets)}; first {meta['limit']} prompts each; {meta['max_new_tokens']} new "
-             f"tokens; T ∈ {spec.temperatures}; seeds {meta.get('seeds', spec.seeds)}. Speedup = plain decoding's s/token ÷ the "
-             "variant's, both measured in this session on this machine; τ and acceptance come from the engine's "
-             "step records. Lossless = outputs identical to the target's own greedy output.", ""]
+             f"tokens; T ∈ {spec.temperatures}{sampled}; seeds {meta.get('seeds', spec.seeds)}. Speedup = plain "
+             "decoding's s/token ÷ the variant's, both measured in this session on this machine; τ and acceptance "
+             f"come from the engine's step records. Lossless = outputs identical to the target's own greedy output"
+             f"{same}.", ""]
     if spec.paper:
         head += [f"**Paper.** {spec.paper.strip()}", ""]
     body = tables(spec, results, trained, extras)

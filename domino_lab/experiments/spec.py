@@ -53,6 +53,7 @@ class ExperimentSpec:
     variants: list[Variant] = field(default_factory=list)
     sets: list[str] = field(default_factory=lambda: ["math", "humaneval"])
     temperatures: list[float] = field(default_factory=lambda: [0.0])
+    sampler: str = "rejection"         # at T > 0: rejection, or gumbel (every variant samples plain decoding's text)
     limit: int = 16
     max_new_tokens: int = 96
     compare: list[list[str]] = field(default_factory=list)   # [a, b]: paired per-prompt Δτ of a − b
@@ -140,6 +141,9 @@ def validate(spec: ExperimentSpec, where: str) -> None:
             raise UserError(f"{where}: unknown eval set '{s}'; use {list(EVAL_SETS)}")
     if any(t < 0 for t in spec.temperatures):
         raise UserError(f"{where}: temperatures must be >= 0")
+    from ..sampling import SAMPLERS
+    if spec.sampler not in SAMPLERS:
+        raise UserError(f"{where}: unknown sampler '{spec.sampler}'; use one of {list(SAMPLERS)}")
     for pair in spec.compare:
         if len(pair) != 2 or not set(pair) <= set(names):
             raise UserError(f"{where}: compare entries are [a, b] pairs of variant names, got {pair}")
