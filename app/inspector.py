@@ -72,6 +72,11 @@ def inspect_position(steps: list[StepRecord], texts, step: int, position: int, k
     drafted = s.draft_tokens[pos]
     b_arg, f_arg, t_arg = s.base_topk_ids[pos][0], s.final_topk_ids[pos][0], s.target_topk_ids[pos][0]
     notes = []
+    if s.gumbel_scores:
+        notes.append("gumbel sampler: every column shows scores, logit + T·g with the same Gumbel noise g at this "
+                     "position for drafter and target; each side drafted or chose the argmax of its scores (the "
+                     "target within the top-p nucleus), so ΔL is still the head's correction, and p* is a softmax "
+                     "over scores, not the sampling probability")
     if pos == 0:
         notes.append("d1 is never corrected: the head has no drafted prefix to condition on yet")
     if pos > s.accepted:

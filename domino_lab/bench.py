@@ -290,7 +290,10 @@ def plots(results: dict, out_dir: Path) -> list[Path]:
             if r.get("accept_pos") if not m.startswith("_") else None:
                 ax.plot(range(len(r["accept_pos"])), r["accept_pos"], marker="o", label=m)
         ax.set_title(f"{s}: acceptance per draft position"); ax.set_xlabel("position k"); ax.set_ylim(0, 1)
-        ax.legend()
+        if ax.lines:
+            ax.legend()
+        else:                      # e.g. only ar and hf methods: they keep no per-position records
+            ax.text(0.5, 0.5, "no drafter of ours in this run", ha="center", va="center", transform=ax.transAxes)
     fig.tight_layout(); _savefig(fig, out_dir / "accept_pos.png"); plt.close(fig)
     paths.append(out_dir / "accept_pos.png")
     fig, axes = plt.subplots(1, len(results), figsize=(5 * len(results), 3.6), squeeze=False)

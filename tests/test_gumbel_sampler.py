@@ -74,6 +74,38 @@ def test_every_drafter_samples_the_text_plain_decoding_samples(method, opts, tre
             assert len(spec.steps) < len(plain) or tree == 0 and opts.get("adaptive_drafts")   # drafts were used
 
 
+
+@pytest.mark.parametrize("method, tree", [("domino", 0), ("dflash", 0), ("domino", 6)])
+def test_step_records_rank_the_scores_each_side_took_the_argmax_of(method, tree):
+    """Under gumbel the stored top-k of drafter and target both hold logit + T·g: the target's top-1 is the token it
+    chose at each verified position, the drafter's the token it drafted (the dashboard's inspector reads these)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from app.inspector import inspect_position
+
+    target = tiny_target(vocab=40, layers=2, hidden=32, eos=None, logit_scale=4.0)
+    target.eos_token_ids = set()
+    drafter = Drafter.untrained(target, method, seed=3, block_size=4)
+    kw = dict(prompt_ids=[5, 6, 7, 5, 6], max_new_tokens=24, topk=5, tree_nodes=tree)
+    res = speculative_generate(target, drafter, temperature=0.8, seed=2, sampler="gumbel", **kw)
+    checked = 0
+    for s in res.steps:
+        assert s.gumbel_scores
+        chosen = s.draft_tokens[: s.accepted] + ([s.bonus] if s.bonus is not None else [])
+        assert [ids[0] for ids in s.target_topk_ids[: len(chosen)]] == chosen
+        if not s.copied and s.draft_tokens:
+            assert s.final_topk_ids[0][0] == s.draft_tokens[0]
+            checked += 1
+    assert checked
+    step = next(i for i, s in enumerate(res.steps) if s.draft_tokens) + 1
+    texts = type("T", (), {"raw": staticmethod(str)})()
+    assert any("gumbel sampler" in n for n in inspect_position(res.steps, texts, step, 1)["notes"])
+    greedy = speculative_generate(target, drafter, **kw)
+    assert not any(s.gumbel_scores for s in greedy.steps)
+    assert not any("gumbel" in n for n in inspect_position(greedy.steps, texts, 1, 1)["notes"])
+
 def test_shipped_drafters_sample_the_same_text():
     from domino_lab import Target
     from domino_lab.models import load_drafter

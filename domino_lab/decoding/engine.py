@@ -207,7 +207,12 @@ def speculative_generate(target, drafter=None, prompt: str | None = None, prompt
             rec = StepRecord(start=start, anchor=anchor, draft_tokens=draft_list, accepted=acc, bonus=bonus,
                              committed=committed, draft_time_s=t1 - t0, verify_time_s=t2 - t1, copied=bool(copy))
             if topk:
-                rec.target_topk_ids, rec.target_topk_logits = _topk(logits, topk)
+                # under gumbel the drafter's stored top-k already carry the noise; the target's get the same rows,
+                # so each list ranks what its side took the argmax of
+                scored = logits if noise is None else logits.float() + noise.rows(
+                    range(start + 1, start + 2 + len(draft_list)))
+                rec.target_topk_ids, rec.target_topk_logits = _topk(scored, topk)
+                rec.gumbel_scores = noise is not None
                 if draft is not None:
                     rec.base_topk_ids = draft.base_topk[0][0].tolist()
                     rec.base_topk_logits = draft.base_topk[1][0].float().tolist()
@@ -343,8 +348,11 @@ def _tree_step(target, drafter, cache, draft_cache, pending, pending_start, anch
     if not topk:
         return rec, new_feats
     # the target's top-k at every row the walk read: the anchor and each accepted node (the reported drafts' rows)
-    walked = [rows_logits[r] for r in rows[: len(shown) + 1]]
-    rec.target_topk_ids, rec.target_topk_logits = _topk(torch.stack(walked), topk)
+    walked = torch.stack([rows_logits[r] for r in rows[: len(shown) + 1]])
+    if noise is not None:                          # the Gumbel-coupled scores, as in a chain step's record
+        walked = walked.float() + noise.rows(range(start + 1, start + 1 + len(walked)))
+    rec.target_topk_ids, rec.target_topk_logits = _topk(walked, topk)
+    rec.gumbel_scores = noise is not None
     if expander is not None and shown:
         rec.base_topk_ids = expander.base_top[0][: len(shown)].tolist()
         rec.base_topk_logits = expander.base_top[1][: len(shown)].float().tolist()

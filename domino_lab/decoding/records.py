@@ -31,6 +31,9 @@ class StepRecord:
     tree_parents: list[int] | None = None     # each node's parent node index; -1 = the anchor
     tree_path: list[int] | None = None        # node indices of the accepted path, anchor side first
     copied: bool = False          # the drafts were copied from earlier text (lookup drafting), not drafted
+    # T > 0 with the gumbel sampler: every stored top-k holds scores logit + T·g (g: the position's Gumbel noise,
+    # shared by drafter and target), the values each side takes the argmax of, not logits
+    gumbel_scores: bool = False
 
     @property
     def acceptance_length(self) -> int:
