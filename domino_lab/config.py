@@ -8,7 +8,8 @@ command finds them, and the paths inside them, the same way wherever it runs:
 - a config file named by a relative path is read from the current directory when it is there, otherwise from the
   repository (the folder that holds the `domino_lab` package), so `experiments/configs/domino.yaml` works from
   any directory;
-- fields declared with `path_field` are paths: one that starts with `runs/` lives under the command's runs folder
+- fields declared with `path_field` are paths (or lists of paths): one that starts with `runs/` lives under the
+  command's runs folder
   (`--runs-dir`, default `<repository>/runs`), another relative one is taken from the current directory when it
   exists there, else from the repository when it names something of it (`domino_lab/assets/target`), else as
   given. Absolute paths and names such as `default` are kept.
@@ -44,8 +45,11 @@ def default_runs_dir() -> Path:
 
 
 def path_field(default: str | None = None, **kw):
-    """A dataclass field holding a path, resolved by `load_config` (see the module docstring)."""
-    return dataclasses.field(default=default, metadata={"path": True}, **kw)
+    """A dataclass field holding a path (or, with `default_factory=list`, a list of paths), resolved by
+    `load_config` (see the module docstring)."""
+    if "default_factory" not in kw:
+        kw["default"] = default
+    return dataclasses.field(metadata={"path": True}, **kw)
 
 
 def find_file(path: str | Path) -> Path:
@@ -83,6 +87,8 @@ def resolve_paths(cfg, runs_dir: str | Path | None = None):
             resolve_paths(value, runs_dir)
         elif f.metadata.get("path") and isinstance(value, str):
             setattr(cfg, f.name, resolve_path(value, runs_dir))
+        elif f.metadata.get("path") and isinstance(value, list):
+            setattr(cfg, f.name, [resolve_path(v, runs_dir) if isinstance(v, str) else v for v in value])
     return cfg
 
 

@@ -283,12 +283,14 @@ class Target:
         return self.lm_head(hidden)
 
     @torch.no_grad()
-    def features(self, input_ids: torch.Tensor, taps: list[int]) -> torch.Tensor:
+    def features(self, input_ids: torch.Tensor, taps: list[int], final_states: bool = False):
         """Only the tapped hidden states [b, t, len(taps) * H] of a whole sequence (training): the decoder without
         the LM head, whose [t, V] logits nobody reads there (on the embedded default they cost about as much as
-        the six layers)."""
+        the six layers). `final_states`: also return the final-normed states [b, t, H], for a loss that scores a
+        few positions with the LM head (`(features, states)`)."""
         out = self.model.get_decoder()(input_ids=input_ids, use_cache=False, output_hidden_states=True)
-        return torch.cat([out.hidden_states[j + 1] for j in taps], dim=-1)
+        feats = torch.cat([out.hidden_states[j + 1] for j in taps], dim=-1)
+        return (feats, out.last_hidden_state) if final_states else feats
 
     # ---- text ----------------------------------------------------------------------------------
     def encode(self, text: str) -> list[int]:

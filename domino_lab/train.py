@@ -133,15 +133,17 @@ def _train(cfg, resume: bool, extra_callbacks, logger, target) -> dict:
         check_same_config(saved["hyper_parameters"].get("train", {}), cfg.to_logged_dict(), "train", ckpt)
         if logger is None:
             read_run_id(out_dir)
-    if not Path(cfg.data.path).exists():
-        raise UserError(f"training data {cfg.data.path} does not exist; create it with "
-                        "`python -m domino_lab.regenerate --out <dir>` and set data.path")
+    for path in [cfg.data.path, *cfg.data.extra_paths]:
+        if not Path(path).exists():
+            raise UserError(f"training data {path} does not exist; create it with "
+                            "`python -m domino_lab.regenerate --out <dir>` and set data.path (or data.extra_paths)")
     pl.seed_everything(cfg.seed, workers=True, verbose=False)
     target = target or Target.from_pretrained(cfg.target, dtype=cfg.dtype)
     dcfg = drafter_config(cfg.drafter, target)
     dm = DrafterDataModule(cfg.data, seed=cfg.seed)
     dm.setup("fit")
-    check_data_target(cfg.data.path, target)
+    for path in [cfg.data.path, *cfg.data.extra_paths]:
+        check_data_target(path, target)
     if cfg.data.features == "offline":
         from .data.features import ensure
 

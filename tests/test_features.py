@@ -74,3 +74,45 @@ def test_bad_features_value_is_one_line():
     from domino_lab.errors import UserError
     with pytest.raises(UserError, match="data.features"):
         load_config(TrainConfig, None, ["data.features=disk"])
+
+
+def test_extra_data_folders_join_with_their_own_rows_and_features(tiny, tmp_path, capsys):
+    """data.extra_paths: a second folder answering the same prompts (here sampled at T = 1) adds its own rows, with
+    ids of their own so the offline cache holds each response's features; a prompt's rows share a split side."""
+    from domino_lab.data.regenerate import load_regenerated, regenerate
+    from domino_lab.errors import run_cli
+    from domino_lab.train import main
+
+    tdir, data = tiny
+    target = Target.from_pretrained(tdir)
+    base = load_regenerated(data)
+    sampled = tmp_path / "t1"
+    regenerate(target, [{"id": r["id"], "prompt": target.tokenizer.decode(r["input_ids"][: r["prompt_len"]])}
+                        for r in base], sampled, max_new_tokens=24, temperature=1.0, seed=3, progress=False)
+    one = load_config(TrainConfig, None, [f"target={tdir}", f"data.path={data}", "data.val_fraction=0.3"])
+    both = load_config(TrainConfig, None, [f"target={tdir}", f"data.path={data}", "data.val_fraction=0.3",
+                                           f"data.extra_paths=[{sampled}]"])
+    dm1, dm2 = DrafterDataModule(one.data), DrafterDataModule(both.data)
+    dm1.setup()
+    dm2.setup()
+    rows1, rows2 = dm1.train_rows + dm1.val_rows, dm2.train_rows + dm2.val_rows
+    assert len(rows2) > len(rows1) and len({r["id"] for r in rows2}) == len(rows2)
+    assert {r["id"] for r in rows1} <= {r["id"] for r in rows2}        # the first folder's rows are unchanged
+    val_prompts = {r["prompt_id"] for r in dm2.val_rows}
+    assert val_prompts and not val_prompts & {r["prompt_id"] for r in dm2.train_rows}
+    assert val_prompts == {r["prompt_id"] for r in dm1.val_rows}
+    tau = dm2.tau_prompts(100)
+    assert len(tau) == len(val_prompts)                                   # each held-out prompt once
+    # the offline cache keeps both responses of a prompt apart
+    cache = ensure(target, rows2, [1, 2], tmp_path / "f", progress=False)
+    by_id = {r["id"]: r for r in rows2}
+    pair = next(i for i in by_id if i.endswith("#1") and by_id[i]["input_ids"] != by_id[i[:-2]]["input_ids"])
+    for rid in (pair, pair[:-2]):
+        online = target.forward(torch.tensor([by_id[rid]["input_ids"]]), taps=[1, 2]).features[0]
+        torch.testing.assert_close(cache[rid].float(), online.float(), atol=2e-3, rtol=2e-3)
+    # a missing folder: one error line, exit 2, nothing written
+    with pytest.raises(SystemExit) as e:
+        run_cli(main, base_args(tiny, tmp_path / "run") + [f"data.extra_paths=[{tmp_path / 'nope'}]"])
+    err = [x for x in capsys.readouterr().err.splitlines() if x.startswith("error:")]
+    assert e.value.code == 2 and len(err) == 1 and "nope" in err[0] and "does not exist" in err[0]
+    assert not (tmp_path / "run").exists()

@@ -82,6 +82,58 @@ def test_teacher_forcing_vs_ttt_prefix():
     torch.testing.assert_close(tf.logits_base, ttt.logits_base)       # only the GRU inputs differ
 
 
+
+def test_soft_labels_read_the_targets_distribution_where_each_draft_predicts(tiny):
+    """Draft i of the block at anchor a predicts x_{a+1+i}: the soft label is the target's distribution at position
+    a+i. On the target's own greedy responses its argmax there is the hard label; KL is 0 exactly at a match."""
+    from domino_lab.data.regenerate import load_regenerated
+    from domino_lab.models.drafter import draft_labels
+    from domino_lab.target import Target
+    from domino_lab.training.objective import target_log_probs, weighted_kl
+
+    tdir, data = tiny
+    target = Target.from_pretrained(tdir)
+    rows = [r for r in load_regenerated(data)][:4]
+    n = max(len(r["input_ids"]) for r in rows)
+    ids = torch.tensor([r["input_ids"] + [0] * (n - len(r["input_ids"])) for r in rows])
+    lm = torch.tensor([r["loss_mask"] + [0] * (n - len(r["loss_mask"])) for r in rows])
+    feats, states = target.features(ids, [1, 2], final_states=True)
+    torch.testing.assert_close(feats, target.features(ids, [1, 2]))
+    anchors, keep = sample_anchors(lm, 6, torch.Generator().manual_seed(0))
+    logp = target_log_probs(states, target.lm_head, anchors, 4)
+    labels, valid = draft_labels(ids, lm, anchors, keep, 4)
+    full = target.forward(ids).logits.float().log_softmax(-1)
+    for b in range(len(rows)):
+        for j, a in enumerate(anchors[b].tolist()):
+            for i in range(4):
+                if valid[b, j, i]:
+                    torch.testing.assert_close(logp[b, j, i], full[b, a + i], atol=1e-4, rtol=1e-4)
+    assert valid.sum() > 10 and (logp.argmax(-1)[valid] == labels[valid]).float().mean() > 0.95
+    assert weighted_kl(logp, logp, valid, 4.0).abs() < 1e-5
+    sure = torch.zeros_like(logp)
+    sure[..., 0] = 20.0                            # a drafter sure of one token the target does not favour
+    assert weighted_kl(sure, logp, valid, 4.0) > 5.0
+
+
+def test_soft_label_training_runs_and_fits_the_target(tiny, tmp_path, capsys):
+    from mlflow.tracking import MlflowClient
+
+    from domino_lab.train import main, train
+
+    with pytest.raises(SystemExit) as e:
+        run_cli(main, base_args(tiny, tmp_path / "x") + ["loss.soft_weight=0.5", "data.features=offline"])
+    err = [x for x in capsys.readouterr().err.splitlines() if x.startswith("error:")]
+    assert e.value.code == 2 and len(err) == 1 and "data.features=online" in err[0]
+    with pytest.raises(UserError, match="loss.soft_weight"):
+        load_config(TrainConfig, None, ["loss.soft_weight=1.5"])
+    cfg = load_config(TrainConfig, None, base_args(tiny, tmp_path / "run", steps=40, every=40) +
+                      ["loss.soft_weight=1.0", "eval.tau_prompts=0"])
+    res = train(cfg)
+    hist = [m.value for m in MlflowClient(cfg.tracking_uri).get_metric_history(res["run_id"], "train/loss_final")]
+    assert len(hist) >= 8
+    first, last = sum(hist[:4]) / 4, sum(hist[-4:]) / 4
+    assert last < 0.7 * first, (first, last)          # the KL to the target's distribution falls
+
 def test_config_errors(tmp_path):
     with pytest.raises(UserError, match="unknown config key 'loss.gama'"):
         load_config(TrainConfig, None, ["loss.gama=3"])

@@ -71,6 +71,9 @@ def drafter_config(overrides, target) -> DrafterConfig:
 @dataclass
 class DataOptions:
     path: str = path_field("runs/regenerated/default")  # written by `python -m domino_lab.regenerate`
+    # more regenerated folders whose rows join path's (e.g. the same prompts answered greedy and sampled); a prompt's
+    # rows from every folder fall on the same side of the train/validation split, which hashes the prompt's id
+    extra_paths: list[str] = path_field(default_factory=list)
     val_fraction: float = 0.05
     max_length: int = 512
     batch_size: int = 8
@@ -95,6 +98,10 @@ class LossOptions:
     gamma: float | None = None             # position decay exp(-i/γ); None: 7 for B=16, 4 for B=8 (DFlash)
     prefix_mode: str = "teacher_forcing"   # teacher_forcing (paper) | ttt (ablation)
     curriculum: LambdaConfig = field(default_factory=LambdaConfig)
+    # weight α of the distillation term: each draft's loss is (1 − α)·CE(the response's next token) + α·KL(p_target
+    # ‖ q_drafter), p_target the target's own next-token distribution at T = 1 (docs/design.md#soft-labels).
+    # 0 = the paper's hard labels. Needs the target's logits, so data.features=online.
+    soft_weight: float = 0.0
 
 
 TRAIN_PARTS = ("all", "head")
@@ -187,6 +194,10 @@ class TrainConfig:
         check_int(lo.num_anchors, "loss.num_anchors", 1)
         if lo.gamma is not None:
             check_number(lo.gamma, "loss.gamma", 0.0, low_open=True)
+        check_number(lo.soft_weight, "loss.soft_weight", 0.0, 1.0)
+        if lo.soft_weight > 0 and d.features != "online":
+            raise UserError("loss.soft_weight > 0 reads the target's logits, which offline features do not store; "
+                            "set data.features=online or loss.soft_weight=0")
         if lo.prefix_mode not in PREFIX_MODES:
             raise UserError(f"loss.prefix_mode must be one of {list(PREFIX_MODES)}, got {lo.prefix_mode!r}")
         c = lo.curriculum

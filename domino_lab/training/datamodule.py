@@ -111,17 +111,21 @@ class DrafterDataModule(pl.LightningDataModule):
             return
         from ..data.regenerate import load_regenerated
 
-        ds = load_regenerated(self.cfg.path)
         keep = []
-        for r in ds:
-            ids, lm = r["input_ids"][: self.cfg.max_length], r["loss_mask"][: self.cfg.max_length]
-            if sum(lm) >= self.cfg.min_response_tokens:
-                keep.append({"id": r["id"], "input_ids": ids, "loss_mask": lm, "prompt_len": r["prompt_len"]})
+        for k, path in enumerate([self.cfg.path, *self.cfg.extra_paths]):
+            for r in load_regenerated(path):
+                ids, lm = r["input_ids"][: self.cfg.max_length], r["loss_mask"][: self.cfg.max_length]
+                if sum(lm) >= self.cfg.min_response_tokens:
+                    # folders answer the same prompts, so a row's own id (which keys the offline features)
+                    # names its folder; the split hashes the prompt's id alone
+                    row_id = r["id"] if k == 0 else f"{r['id']}#{k}"
+                    keep.append({"id": row_id, "prompt_id": r["id"], "input_ids": ids, "loss_mask": lm,
+                                 "prompt_len": r["prompt_len"]})
         if not keep:
             raise UserError(f"the dataset at {self.cfg.path} has no sequence with >= {self.cfg.min_response_tokens} "
                             "response tokens; regenerate it with `python -m domino_lab.regenerate`")
-        self.val_rows = [r for r in keep if _is_val(r["id"], self.cfg.val_fraction)]
-        self.train_rows = [r for r in keep if not _is_val(r["id"], self.cfg.val_fraction)]
+        self.val_rows = [r for r in keep if _is_val(r["prompt_id"], self.cfg.val_fraction)]
+        self.train_rows = [r for r in keep if not _is_val(r["prompt_id"], self.cfg.val_fraction)]
         if not self.val_rows:          # tiny datasets: hold out at least one sequence
             self.val_rows = self.train_rows[-1:]
             self.train_rows = self.train_rows[:-1] or self.val_rows
@@ -148,5 +152,9 @@ class DrafterDataModule(pl.LightningDataModule):
         return self._loader(self.val_rows, shuffle=False)
 
     def tau_prompts(self, n: int) -> list[list[int]]:
-        """A small fixed prompt set for val/tau: prompts of held-out sequences (never trained on)."""
-        return [r["input_ids"][: r["prompt_len"]] for r in self.val_rows[:n]]
+        """A small fixed prompt set for val/tau: prompts of held-out sequences (never trained on), each once
+        (several data folders answer the same prompts)."""
+        first = {}
+        for r in self.val_rows:
+            first.setdefault(r["prompt_id"], r)
+        return [r["input_ids"][: r["prompt_len"]] for r in list(first.values())[:n]]

@@ -17,7 +17,7 @@ from ..decoding.lookup import block_copy_inputs
 from ..decoding.metrics import StepTally
 from ..models import Drafter, DrafterConfig
 from .config import TrainConfig, default_gamma
-from .objective import sample_anchors, weighted_ce
+from .objective import sample_anchors, target_log_probs, weighted_ce, weighted_kl
 from .schedules import make_schedule
 
 
@@ -54,20 +54,38 @@ class DrafterModule(pl.LightningModule):
     on_validation_start = on_fit_start
 
     # ---- training ------------------------------------------------------------------------------
-    def _blocks(self, batch, prefix_mode):
+    def _blocks(self, batch, prefix_mode, soft: bool = False):
+        """The blocks' logits, and (`soft`) the target's log-distribution [b, N, n, V] over what each draft
+        predicts, else None."""
         ids, lm = batch["input_ids"], batch["loss_mask"]
-        feats = batch.get("features")
+        feats, states = batch.get("features"), None
         if feats is not None:       # offline: computed once by the target (data/features.py)
             feats = feats.to(self.target.dtype)
         else:
             # the target computes at its own dtype even under mixed precision: the drafter must learn from the
             # features it will read when decoding, not from a bf16 rendition of them
+            taps = self.drafter.config.target_layer_ids
             with torch.no_grad(), torch.autocast(ids.device.type, enabled=False):
-                feats = self.target.features(ids, self.drafter.config.target_layer_ids)
+                if soft:
+                    feats, states = self.target.features(ids, taps, final_states=True)
+                else:
+                    feats = self.target.features(ids, taps)
         anchors, keep = sample_anchors(lm, self.cfg.loss.num_anchors, self._anchor_gen)
         k = self.drafter.config.copy_ngram
         copy = block_copy_inputs(ids, anchors, self.drafter.config.num_drafts, k) if k else None
-        return self.drafter.training_blocks(feats, ids, lm, anchors, keep, prefix_mode, copy=copy)
+        bb = self.drafter.training_blocks(feats, ids, lm, anchors, keep, prefix_mode, copy=copy)
+        if states is None:
+            return bb, None
+        with torch.no_grad(), torch.autocast(ids.device.type, enabled=False):
+            return bb, target_log_probs(states, self.target.lm_head, anchors, bb.labels.shape[-1])
+
+    def _label_loss(self, logits, bb, target_logp):
+        """(1 − α)·CE(labels) + α·KL(target ‖ drafter), position-weighted (α = loss.soft_weight)."""
+        a = self.cfg.loss.soft_weight
+        hard = weighted_ce(logits, bb.labels, bb.valid, self.gamma) if a < 1 else 0.0
+        if target_logp is None:
+            return hard
+        return (1 - a) * hard + a * weighted_kl(logits, target_logp, bb.valid, self.gamma)
 
     def lambda_now(self) -> float:
         if not self.drafter.has_head:
@@ -77,13 +95,13 @@ class DrafterModule(pl.LightningModule):
     def training_step(self, batch, batch_idx):
         # anchors drawn from a per-step seed: a run resumed from a checkpoint draws what an uninterrupted one would
         self._anchor_gen.manual_seed(step_seed(self.cfg.seed, self.global_rank, self.global_step))
-        bb = self._blocks(batch, self.cfg.loss.prefix_mode)
+        bb, target_logp = self._blocks(batch, self.cfg.loss.prefix_mode, soft=self.cfg.loss.soft_weight > 0)
         lam = self.lambda_now()
-        loss_base = weighted_ce(bb.logits_base, bb.labels, bb.valid, self.gamma)
+        loss_base = self._label_loss(bb.logits_base, bb, target_logp)
         if not self.drafter.has_head:
             loss, loss_final = loss_base, loss_base
         else:
-            loss_final = weighted_ce(bb.logits_final, bb.labels, bb.valid, self.gamma)
+            loss_final = self._label_loss(bb.logits_final, bb, target_logp)
             loss = lam * loss_base + (1 - lam) * loss_final
         log = dict(on_step=True, on_epoch=False, batch_size=batch["input_ids"].shape[0])
         self.log("train/loss", loss, prog_bar=True, **log)
@@ -97,7 +115,7 @@ class DrafterModule(pl.LightningModule):
     def validation_step(self, batch, batch_idx):
         if batch_idx >= self.cfg.eval.val_batches:
             return
-        bb = self._blocks(batch, "teacher_forcing")
+        bb, _ = self._blocks(batch, "teacher_forcing")
         n = bb.labels.shape[-1]
         v = bb.valid.float()
         for name, logits in (("base", bb.logits_base), ("final", bb.logits_final)):

@@ -39,3 +39,21 @@ def weighted_ce(logits: torch.Tensor, labels: torch.Tensor, valid: torch.Tensor,
     w = position_weights(labels.shape[-1], gamma, labels.device) * valid.float()
     ce = F.cross_entropy(logits.float().flatten(0, -2), labels.flatten(), reduction="none").view_as(w)
     return (w * ce).sum() / (w.sum() + 1e-6)
+
+
+def weighted_kl(logits: torch.Tensor, target_logp: torch.Tensor, valid: torch.Tensor, gamma: float) -> torch.Tensor:
+    """Σ w·KL(p ‖ q) / Σ w over valid draft positions: p = exp(target_logp) the target's next-token distribution,
+    q = softmax(logits) the drafter's; zero when they match, the same weights as `weighted_ce`."""
+    w = position_weights(valid.shape[-1], gamma, valid.device) * valid.float()
+    kl = F.kl_div(logits.float().log_softmax(-1), target_logp, log_target=True, reduction="none").sum(-1)
+    return (w * kl).sum() / (w.sum() + 1e-6)
+
+
+def target_log_probs(states: torch.Tensor, lm_head, anchors: torch.Tensor, n: int) -> torch.Tensor:
+    """The target's log-distribution over the token each draft predicts: draft i of the block at anchor a
+    predicts x_{a+1+i}, which the target scores at position a+i. states [b, s, H] (final-normed), anchors
+    [b, N] -> [b, N, n, V] (positions past the sequence repeat its last one; their drafts are not valid)."""
+    b, s, _ = states.shape
+    pos = (anchors[:, :, None] + torch.arange(n, device=anchors.device)).clamp(max=s - 1)
+    h = states.gather(1, pos.reshape(b, -1, 1).expand(-1, -1, states.shape[-1]))
+    return lm_head(h).float().log_softmax(-1).view(b, *pos.shape[1:], -1)
