@@ -64,7 +64,7 @@ def main(argv=None) -> int:
 
     def step(batch, precision):
         with plugins[precision].forward_context():
-            bb = module._blocks(batch, cfg.loss.prefix_mode)
+            bb, _ = module._blocks(batch, cfg.loss.prefix_mode)
             loss = 0.5 * weighted_ce(bb.logits_base, bb.labels, bb.valid, gamma) + \
                 0.5 * weighted_ce(bb.logits_final, bb.labels, bb.valid, gamma)
         opt.zero_grad()
