@@ -133,7 +133,7 @@ def _train(cfg, resume: bool, extra_callbacks, logger, target) -> dict:
         check_same_config(saved["hyper_parameters"].get("train", {}), cfg.to_logged_dict(), "train", ckpt)
         if logger is None:
             read_run_id(out_dir)
-    for path in [cfg.data.path, *cfg.data.extra_paths]:
+    for path in cfg.data.paths:
         if not Path(path).exists():
             raise UserError(f"training data {path} does not exist; create it with "
                             "`python -m domino_lab.regenerate --out <dir>` and set data.path (or data.extra_paths)")
@@ -142,7 +142,7 @@ def _train(cfg, resume: bool, extra_callbacks, logger, target) -> dict:
     dcfg = drafter_config(cfg.drafter, target)
     dm = DrafterDataModule(cfg.data, seed=cfg.seed)
     dm.setup("fit")
-    for path in [cfg.data.path, *cfg.data.extra_paths]:
+    for path in cfg.data.paths:
         check_data_target(path, target)
     if cfg.data.features == "offline":
         from .data.features import ensure

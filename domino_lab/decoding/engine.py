@@ -184,10 +184,11 @@ def speculative_generate(target, drafter=None, prompt: str | None = None, prompt
             out = target.forward(torch.tensor([[anchor] + draft_list], device=dev), cache=cache, taps=taps,
                                  greedy=greedy and not topk)
             logits = out.logits[0] if out.logits is not None else None
+            # the Gumbel noise of every verified position (the drafter's rows, and the bonus position's)
+            verified_noise = noise.rows(range(start + 1, start + 2 + len(draft_list))) if noise is not None else None
             if greedy or noise is not None:
                 # the target's own token at each verified position: its argmax, or its Gumbel-max draw
-                best = (sampling.gumbel_choice(logits, noise.rows(range(start + 1, start + 2 + len(draft_list))),
-                                               temperature, top_p) if noise is not None
+                best = (sampling.gumbel_choice(logits, verified_noise, temperature, top_p) if noise is not None
                         else out.tokens[0] if logits is None else logits.argmax(-1))
                 acc, nxt = sampling.greedy_accept_one(draft_list, best)
             else:
@@ -209,8 +210,7 @@ def speculative_generate(target, drafter=None, prompt: str | None = None, prompt
             if topk:
                 # under gumbel the drafter's stored top-k already carry the noise; the target's get the same rows,
                 # so each list ranks what its side took the argmax of
-                scored = logits if noise is None else logits.float() + noise.rows(
-                    range(start + 1, start + 2 + len(draft_list)))
+                scored = logits if noise is None else logits.float() + verified_noise
                 rec.target_topk_ids, rec.target_topk_logits = _topk(scored, topk)
                 rec.gumbel_scores = noise is not None
                 if draft is not None:

@@ -91,6 +91,11 @@ class DataOptions:
         if self.features not in ("online", "offline"):
             raise UserError(f"data.features must be 'online' or 'offline', got {self.features!r}")
 
+    @property
+    def paths(self) -> list[str]:
+        """Every regenerated folder the drafter trains on: data.path, then data.extra_paths."""
+        return [self.path, *self.extra_paths]
+
 
 @dataclass
 class LossOptions:

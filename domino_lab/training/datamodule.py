@@ -112,7 +112,7 @@ class DrafterDataModule(pl.LightningDataModule):
         from ..data.regenerate import load_regenerated
 
         keep = []
-        for k, path in enumerate([self.cfg.path, *self.cfg.extra_paths]):
+        for k, path in enumerate(self.cfg.paths):
             for r in load_regenerated(path):
                 ids, lm = r["input_ids"][: self.cfg.max_length], r["loss_mask"][: self.cfg.max_length]
                 if sum(lm) >= self.cfg.min_response_tokens:
