@@ -130,6 +130,20 @@ def test_function_header_prompts_cut_after_header_or_docstring():
     assert n2 == function_header_prompts([("m.py", SOURCE), ("a.py", SOURCE)], n=2)
 
 
+def test_ranked_header_prompts_are_cached_and_rebuilt_when_a_file_changes(tmp_path, monkeypatch):
+    import domino_lab.data.eval_sets as es
+
+    files = [("a.py", SOURCE), ("m.py", SOURCE)]
+    first = es.ranked_header_prompts("t", files, 3, tmp_path)
+    assert first == function_header_prompts(files, n=3)
+    parsed = []
+    monkeypatch.setattr(es, "function_header_prompts", lambda fs, *a, **k: parsed.append(1) or [])
+    assert es.ranked_header_prompts("t", files, 3, tmp_path) == first and not parsed     # read back, not parsed
+    assert es.ranked_header_prompts("t", files, 1, tmp_path) == first[:1] and not parsed
+    assert es.ranked_header_prompts("t", [("a.py", SOURCE + "\n"), ("m.py", SOURCE)], 3, tmp_path) == []
+    assert parsed == [1]                                                                  # a changed file: parsed again
+
+
 def test_jsonl_file_loads_with_default_and_integer_ids(tmp_path):
     f = tmp_path / "mine.jsonl"
     f.write_text('{"id": "a", "prompt": "def f():"}\n\n{"id": 7, "prompt": "x"}\n{"prompt": "y"}\n')

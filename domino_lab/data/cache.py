@@ -44,11 +44,14 @@ def fingerprint(**parts) -> str:
 
 def cached_dataset(name: str, key: str, build: Callable[[], datasets.Dataset],
                    cache_dir: str | os.PathLike | None = None) -> datasets.Dataset:
-    """Load `name-key` from the cache, or build, save atomically and load it."""
+    """Load `name-key` from the cache, or build, save atomically and load it. An empty build is returned as is:
+    `datasets` saves a dataset without rows as zero shards that it cannot load back, and it costs nothing to redo."""
     root = cache_root(cache_dir)
     final = root / f"{name}-{key}"
     if not (final / "dataset_info.json").exists():
         ds = build()
+        if len(ds) == 0:
+            return ds
         tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=root))
         try:
             ds.save_to_disk(str(tmp))

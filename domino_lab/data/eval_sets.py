@@ -116,7 +116,8 @@ def outside_prompts(name: str, packages: Iterable[str], n_code: int, problems: I
             for f in sorted(root.rglob("*.py")):
                 yield f"{pkg}/{f.relative_to(root).as_posix()}", f.read_text(encoding="utf-8", errors="replace")
 
-    code = [dict(x, id=f"{name}/" + x["id"]) for x in function_header_prompts(files(), n_code)]
+    ranked = ranked_header_prompts(f"outside-prompts-{name}", files(), n_code)
+    code = [dict(x, id=f"{name}/" + x["id"]) for x in ranked]
     math = [{"id": f"{name}/math/{i}", "prompt": f"Question: {q}\nAnswer:"} for i, q in enumerate(problems)]
     # two code prompts, then one word problem, and so on: any first-N slice (`--limit`) holds both kinds
     out = []
@@ -159,27 +160,34 @@ def function_header_prompts(files: Iterable[tuple[str, str]], n: int | None = No
 def code_prompts(split: str, n: int | None, cache_dir=None) -> list[dict]:
     """Function-header prompts of the code corpus split (`train` for regeneration, `heldout` for eval).
 
-    Parsing every training file takes seconds, so the ranked candidate list is cached next to the
-    corpus (keyed by a hash of the corpus content, so a changed corpus never reuses stale prompts).
+    The ranked candidate list is cached (`ranked_header_prompts`).
     """
-    import datasets
-
-    from domino_lab.data.cache import cached_dataset, fingerprint
     from domino_lab.data.corpora import load_code_corpus
 
     corpus = load_code_corpus(split, cache_dir=cache_dir)
-    ids, texts = corpus["id"], corpus["text"]
+    return ranked_header_prompts(f"code-prompts-{split}", zip(corpus["id"], corpus["text"]), n, cache_dir)
+
+
+def ranked_header_prompts(name: str, files: Iterable[tuple[str, str]], n: int | None, cache_dir=None) -> list[dict]:
+    """`function_header_prompts(files, n)`, with the full ranked candidate list cached under `name` and keyed by a
+    hash of every file's id and text: parsing a corpus or a few installed packages takes seconds, and a changed file
+    never reuses stale prompts."""
+    import datasets
+
+    from domino_lab.data.cache import cached_dataset, fingerprint
+
+    files = list(files)
     h = hashlib.sha256()
-    for i, t in zip(ids, texts):
+    for i, t in files:
         h.update(i.encode() + b"\0" + t.encode() + b"\0")
     key = fingerprint(kind="code-prompts", version=CODE_PROMPTS_VERSION, corpus=h.hexdigest(),
                       python=sys.version, max_chars=MAX_CONTEXT_CHARS, min_body=MIN_BODY_LINES)
-    build = lambda: datasets.Dataset.from_list(  # noqa: E731
-        function_header_prompts(zip(ids, texts)), features=datasets.Features(
-            {"id": datasets.Value("string"), "prompt": datasets.Value("string")}))
-    cands = cached_dataset(f"code-prompts-{split}", key, build, cache_dir)
-    cands = cands if n is None else cands.select(range(min(n, len(cands))))
-    return [{"id": i, "prompt": p} for i, p in zip(cands["id"], cands["prompt"])]
+    def build():
+        got = function_header_prompts(files)      # columns, not rows: an empty list of rows has no columns
+        features = datasets.Features({"id": datasets.Value("string"), "prompt": datasets.Value("string")})
+        return datasets.Dataset.from_dict({k: [x[k] for x in got] for k in features}, features=features)
+    cands = cached_dataset(name, key, build, cache_dir)
+    return [{"id": i, "prompt": p} for i, p in zip(cands["id"][:n], cands["prompt"][:n])]
 
 
 def read_prompts_jsonl(path: str | Path) -> list[dict]:

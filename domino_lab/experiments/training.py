@@ -18,7 +18,7 @@ from .spec import ExperimentSpec, RunSpec
 DEFAULT_DATA = {"math": 10500, "code": 9500, "max_new_tokens": 128}
 
 # --quick: a few optimiser steps on a small regenerated set, enough to exercise every code path end to end
-QUICK_TRAIN = ["max_steps=4", "eval.every_n_steps=2", "eval.tau_prompts=2", "eval.tau_max_new_tokens=12",
+QUICK_TRAIN = ["max_steps=4", "eval.every_n_steps=4", "eval.tau_prompts=2", "eval.tau_max_new_tokens=12",
                "eval.val_batches=1", "loss.num_anchors=8", "data.batch_size=2", "data.max_length=128",
                "checkpoint_every_n_steps=4", "drafter.gru_hidden=32", "drafter.rank=8"]
 QUICK_DATA = {"math": 12, "code": 8, "max_new_tokens": 32}
