@@ -186,8 +186,8 @@ def ranked_header_prompts(name: str, files: Iterable[tuple[str, str]], n: int | 
         got = function_header_prompts(files)      # columns, not rows: an empty list of rows has no columns
         features = datasets.Features({"id": datasets.Value("string"), "prompt": datasets.Value("string")})
         return datasets.Dataset.from_dict({k: [x[k] for x in got] for k in features}, features=features)
-    cands = cached_dataset(name, key, build, cache_dir)
-    return [{"id": i, "prompt": p} for i, p in zip(cands["id"][:n], cands["prompt"][:n])]
+    rows = cached_dataset(name, key, build, cache_dir)[:n]      # the first n rows (all with n = None), as columns
+    return [{"id": i, "prompt": p} for i, p in zip(rows["id"], rows["prompt"])]
 
 
 def read_prompts_jsonl(path: str | Path) -> list[dict]:
