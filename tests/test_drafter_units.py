@@ -64,8 +64,10 @@ def test_kv_injection_shapes(target, monkeypatch):
 
 def test_training_forward_equals_inference_per_block(target):
     """The masked all-blocks-at-once training forward gives the same logits as drafting each block alone."""
-    for method, shift, af in [(m, s, a) for m in ("dflash", "domino") for s in (True, False) for a in (False, True)]:
-        d = Drafter.untrained(target, method, seed=3, block_size=4, shift_label=shift, anchor_feature=af)
+    cases = [(m, s, a, False) for m in ("dflash", "domino") for s in (True, False) for a in (False, True)]
+    for method, shift, af, cf in cases + [("domino", True, False, True), ("domino", False, False, True)]:
+        d = Drafter.untrained(target, method, seed=3, block_size=4, shift_label=shift, anchor_feature=af,
+                              correct_first=cf)
         if d.head is not None:
             with torch.no_grad():
                 d.head.w2.weight.normal_(std=0.5)   # a visible correction, unlike the small init
@@ -87,6 +89,8 @@ def test_training_forward_equals_inference_per_block(target):
                 for i in range(d.config.num_drafts):
                     if same[i]:
                         torch.testing.assert_close(bb.logits_final[0, j, i].topk(5).values, dr.final_topk[1][0, i])
+                # draft 0 is final as it is drafted: corrected exactly when correct_first
+                assert torch.equal(bb.logits_final[0, j, 0], bb.logits_base[0, j, 0]) != cf
 
 
 def test_anchor_feature_reads_the_state_before_the_anchor(target):

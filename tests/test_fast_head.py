@@ -281,3 +281,33 @@ def test_microbench_quick(tmp_path):
     assert mod.main(["--quick", "--out", str(tmp_path)]) == 0
     md = (tmp_path / "head_microbench.md").read_text()
     assert "| 512 | 4 |" in md and "fast K=64" in md and "fused K=64" in md
+
+
+def test_correcting_the_first_draft_keeps_every_path_equal_and_lossless(target):
+    """correct_first: the head also corrects draft 0. Every inference path drafts what the eager reference drafts,
+    slot 0 included, the records keep showing the uncorrected base, and chains and trees stay lossless."""
+    from domino_lab.errors import UserError
+    from domino_lab.models.export import check_exportable
+
+    d = Drafter.untrained(target, "domino", seed=3, block_size=8, num_layers=1, correct_first=True)
+    brief_train(d, greedy_sequences(target, 16, 32), steps=30)
+    g = torch.Generator().manual_seed(2)
+    feats = torch.randn(4, 9, len(d.config.target_layer_ids) * 32, generator=g, dtype=torch.float64)
+    anchor = torch.randint(0, 99, (4,), generator=g)
+    e = draft_with(d, "eager", 0, feats, anchor, 9)
+    for impl in ("fast", "fused"):
+        assert_drafts_like_fast(d, impl, (0, 6), feats, anchor, 9)
+        assert torch.equal(draft_with(d, impl, 0, feats, anchor, 9).tokens, e.tokens)
+    # slot 0's final logits are not its base logits, and the record's base top-k is the uncorrected one
+    assert not torch.allclose(e.final_topk[1][:, 0], e.base_topk[1][:, 0])
+    d.head.correct_first = False
+    assert torch.equal(draft_with(d, "eager", 0, feats, anchor, 9).base_topk[1], e.base_topk[1])
+    d.head.correct_first = True
+    for impl in ("fast", "fused"):
+        d.set_head(impl, 0)
+        for p in PROMPTS[:6]:
+            plain = speculative_generate(target, None, prompt_ids=p, max_new_tokens=20).token_ids
+            assert speculative_generate(target, d, prompt_ids=p, max_new_tokens=20).token_ids == plain, (impl, p)
+            assert speculative_generate(target, d, prompt_ids=p, max_new_tokens=20, tree_nodes=16).token_ids == plain
+    with pytest.raises(UserError, match="correct_first"):
+        check_exportable(d.config, "domino")

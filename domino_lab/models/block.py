@@ -95,15 +95,17 @@ class BlockDrafter(Drafter):
         base, vm = self._draft_logits(h, copy)   # [b, m, V] (FR-Spec: [b, m, K]): all slots in one parallel pass
         base = add_noise(base, noise, vm)        # Gumbel-coupled sampling: the greedy rollout of noisy logits
         k = min(topk, base.shape[-1])
-        bt = base[:, :n].topk(k, dim=-1)
-        bt = (to_vocab(bt.indices, vm), bt.values)
+        bt = _top(base[:, :n], k, vm)
         if not self.uses_head:               # no correction: the final logits are the base logits
             base = base[:, :n]
             tokens, q = sample_from(base.flatten(0, 1), temperature, top_p, generator)
             q = q_to_vocab(q.view(*base.shape), vm, cfg.vocab_size) if q is not None else None
             return Draft(to_vocab(tokens.view(base.shape[:2]), vm), q, bt, bt)
-        r = self.head.rollout(h, base, anchor, self.target.embed_tokens.weight, n, bt, self.options.candidate_pool,
-                              temperature, top_p, generator, impl=impl, vocab_ids=vm, topk=k)
+        embed = self.target.embed_tokens.weight
+        final0 = self.head.first_final(h, base, anchor, embed, vm)     # base itself unless correct_first
+        r = self.head.rollout(h, final0, anchor, embed, n, bt if final0 is base else _top(final0[:, :n], k, vm),
+                              self.options.candidate_pool, temperature, top_p, generator, impl=impl, vocab_ids=vm,
+                              topk=k)
         return Draft(r.tokens, r.q, bt, r.top)
 
     @torch.no_grad()
@@ -120,8 +122,10 @@ class BlockDrafter(Drafter):
         h = hs[:, cfg.first_draft_slot: cfg.first_draft_slot + n]
         base, vm = self._draft_logits(h, copy)       # [1, n, V] (FR-Spec: [1, n, K])
         base = add_noise(base, noise, vm)
-        bt = base.topk(min(topk, base.shape[-1]), dim=-1)
-        base_top = (to_vocab(bt.indices, vm)[0], bt.values[0])
+        bt = _top(base, min(topk, base.shape[-1]), vm)
+        base_top = (bt[0][0], bt[1][0])              # what the records show as the base logits
+        if self.uses_head:
+            base = self.head.first_final(h, base, anchor, self.target.embed_tokens.weight, vm)
         if not self.uses_head:
             return SlotMarginals(base[0], vm, base_top)
         return self.head.branches(h, base, anchor, self.target.embed_tokens.weight, self.options.candidate_pool,
@@ -185,6 +189,12 @@ class BlockDrafter(Drafter):
         return BlockBatch(base.view(b, n_blk, n, v), final.view(b, n_blk, n, v), labels, valid, prefix)
 
 
+def _top(logits: torch.Tensor, k: int, vocab_ids: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(vocabulary ids, values) of the k largest of logits [..., V'] whose columns are `vocab_ids` (None: all)."""
+    t = logits.topk(k, dim=-1)
+    return to_vocab(t.indices, vocab_ids), t.values
+
+
 class CopyInput(nn.Module):
     """What a slot reads of its copy candidate: the candidate's embedding through a learned map (initialised to the
     identity, so the candidate enters the residual stream as a token would), plus an embedding of the matched suffix
@@ -236,4 +246,5 @@ class DominoDrafter(BlockDrafter):
 
     def build(self, config: DrafterConfig) -> None:
         super().build(config)
-        self.head = DominoHead(config.hidden_size, config.gru_hidden, config.rank, config.vocab_size)
+        self.head = DominoHead(config.hidden_size, config.gru_hidden, config.rank, config.vocab_size,
+                               config.correct_first)

@@ -51,6 +51,9 @@ class DrafterConfig:
     # Domino head (ignored for dflash).
     gru_hidden: int = 256             # g
     rank: int = 64                    # r
+    # correct_first=True: the head also corrects draft 0, from H_0 and the GRU state after the anchor alone
+    # (docs/design.md#correcting-the-first-draft). Off in the paper's head and the release layouts.
+    correct_first: bool = False
     # FR-Spec: draft only among the K most frequent tokens of the training data (0 = off). The ids live in the
     # checkpoint (buffer `frspec_ids`); base logits (and Domino's W2) are scored on them only, drafts are mapped
     # back to vocabulary ids for verification. See Drafter.set_frspec / domino_lab.models.frspec.

@@ -1,7 +1,8 @@
 """The Domino head: a GRU over the drafted prefix plus a low-rank correction in logit space.
 
 S_i = GRU(E(x_anchor), E(d_1), ..., E(d_i)) with a zero state per block, over the target's frozen
-embeddings; dL_i = W2 . SiLU(W1 . [H_i ; S_i]); L_i = L_base_i + dL_i; the first draft is uncorrected.
+embeddings; dL_i = W2 . SiLU(W1 . [H_i ; S_i]); L_i = L_base_i + dL_i; the first draft is uncorrected, as in the
+paper, unless `correct_first` (then dL_0 reads H_0 and S_0 = GRU(E(x_anchor)): docs/design.md#correcting-the-first-draft).
 Correcting logits (not hidden states) avoids a full LM-head pass per sequential step.
 
 Inference paths, all in this module (docs/design.md#inference-paths-of-the-head):
@@ -40,8 +41,9 @@ class Rollout:
 
 
 class DominoHead(nn.Module):
-    def __init__(self, hidden_size: int, gru_hidden: int, rank: int, vocab_size: int):
+    def __init__(self, hidden_size: int, gru_hidden: int, rank: int, vocab_size: int, correct_first: bool = False):
         super().__init__()
+        self.correct_first = correct_first
         self.gru = nn.GRU(hidden_size, gru_hidden, num_layers=1, bias=False, batch_first=True)
         self.w1 = nn.Linear(hidden_size + gru_hidden, rank, bias=False)
         self.w2 = nn.Linear(rank, vocab_size, bias=False)   # own weights, not tied to the LM head
@@ -66,15 +68,29 @@ class DominoHead(nn.Module):
         return h.squeeze(0)
 
     def corrected_logits(self, h: torch.Tensor, base: torch.Tensor, prefix_emb: torch.Tensor) -> torch.Tensor:
-        """Teacher-forced final logits for all drafts at once; draft 0 stays the base logits.
+        """Teacher-forced final logits for all drafts at once; draft 0 stays the base logits unless correct_first.
 
         h, base: [M, n, H], [M, n, V]; prefix_emb: [M, n, H] (anchor + the n-1 tokens before each draft).
         """
+        if self.correct_first:
+            return base + self.correction(h, self.prefix_states(prefix_emb))
         if base.shape[1] <= 1:
             return base
         s = self.prefix_states(prefix_emb)
         delta = self.correction(h[:, 1:], s[:, 1:])
         return torch.cat([base[:, :1], base[:, 1:] + delta], dim=1)
+
+    def first_final(self, h: torch.Tensor, base: torch.Tensor, anchor: torch.Tensor, embed_weight: torch.Tensor,
+                    vocab_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """Drafting's logits [b, m, V'] with draft 0 final: base itself unless correct_first, else base with
+        dL_0(H_0, GRU(E(anchor))) added to slot 0 (over the FR-Spec columns `vocab_ids` when given). Every
+        rollout and tree path then treats slot 0 as they treat an uncorrected one: its logits are final."""
+        if not self.correct_first:
+            return base
+        s0 = self.step(F.embedding(anchor, embed_weight), None)
+        w2 = self.w2.weight if vocab_ids is None else self.w2.weight[vocab_ids]
+        delta = F.silu(self.w1(torch.cat([h[:, 0], s0], dim=-1))) @ w2.t()
+        return torch.cat([base[:, :1] + delta[:, None].to(base.dtype), base[:, 1:]], dim=1)
 
     # ---- fast inference path ---------------------------------------------------------------------
     def fast_weights(self, embed_weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

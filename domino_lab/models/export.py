@@ -126,6 +126,9 @@ def check_exportable(cfg: DrafterConfig, fmt: str) -> None:
     if cfg.anchor_feature:
         raise UserError("this drafter adds the state before the anchor to its block inputs (anchor_feature=true); "
                         "the release layouts have no such projection. Export a drafter trained without it")
+    if cfg.method == "domino" and cfg.correct_first:
+        raise UserError("this drafter's head also corrects draft 0 (correct_first=true); the Domino release layout "
+                        "leaves draft 0 uncorrected. Export a drafter trained without it")
     if cfg.copy_ngram:
         raise UserError(f"this drafter reads copy candidates in its block inputs (copy_ngram={cfg.copy_ngram}); the "
                         "release layouts have no copy input. Export a drafter trained with copy_ngram 0 (shipped: "

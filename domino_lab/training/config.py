@@ -32,7 +32,7 @@ DrafterOverrides = _drafter_overrides()
 # What a warm start may change on top of its source drafter: the family and the head's shape (a dflash backbone
 # gets a new Domino head) and the copy input (added on top of a drafter trained without one); every other field is
 # the source's architecture, so its weights fit.
-HEAD_FIELDS = ("method", "gru_hidden", "rank", "frspec_k", "copy_ngram")
+HEAD_FIELDS = ("method", "gru_hidden", "rank", "correct_first", "frspec_k", "copy_ngram")
 
 
 def init_source_config(spec: str) -> dict:
