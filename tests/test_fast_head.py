@@ -311,3 +311,5 @@ def test_correcting_the_first_draft_keeps_every_path_equal_and_lossless(target):
             assert speculative_generate(target, d, prompt_ids=p, max_new_tokens=20, tree_nodes=16).token_ids == plain
     with pytest.raises(UserError, match="correct_first"):
         check_exportable(d.config, "domino")
+    with pytest.raises(UserError, match="correct_first is an option of the Domino head"):
+        Drafter.untrained(target, "dflash", seed=3, block_size=8, num_layers=1, correct_first=True)

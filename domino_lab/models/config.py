@@ -73,6 +73,9 @@ class DrafterConfig:
             raise UserError(f"frspec_k must be in [0, vocab_size={self.vocab_size}] (0 = off), got {self.frspec_k}")
         if not 0 <= self.copy_ngram <= 16:
             raise UserError(f"copy_ngram must be in [0, 16] (0 = no copy input), got {self.copy_ngram}")
+        if self.correct_first and self.method != "domino":
+            raise UserError(f"correct_first is an option of the Domino head (method domino); method {self.method!r} "
+                            "has no head: drop correct_first or use method domino")
         for name in ("num_layers", "gru_hidden", "rank", "head_dim"):
             if getattr(self, name) < 1:
                 raise UserError(f"{name} must be >= 1 (got {getattr(self, name)})")
