@@ -1,19 +1,26 @@
 """Where speculative decoding pays on this CPU: for Qwen3-shaped targets from the embedded 6.8M model up to the
 shape of Qwen3-0.6B, the measured cost of a plain decoding step, of verifying a block of 8 / 16 drafts, and of a
 matching Domino drafter's draft step, and the speedup bound τ · t_step / (t_draft + t_verify) at τ = 2…6 and at
-the shipped Domino drafter's measured τ on every bench set (read from experiments/results/bench.json).
+the shipped Domino drafter's measured τ on every bench set (read from experiments/results/bench.json); and the
+same for tree verification: drafting and verifying a tree of N nodes (default 32) against a chain of 8, and what
+the tree's measured τ gain on the embedded default (experiments/results/tree_n32/tree.json) would be worth in
+tokens per second on each shape.
 
     python experiments/regime_map.py                        # -> experiments/results/regime_map.{md,json,png}
     python experiments/regime_map.py --quick --out /tmp/r   # two tiny shapes (tests)
 
 Random weights (timing does not depend on them) except the embedded default, which is the shipped target. Every
 quantity is the median wall time over interleaved repetitions with a 128-token context in the caches, as inside a
-decode; the drafter is an untrained Domino drafter shaped for the target (one draft layer, 3 taps, the fused head
-with its 64-token candidate pool) drafting over an FR-Spec list: 1,024 ids for the embedded default (as the
+decode; the drafter is an untrained Domino drafter shaped for the target (two draft layers as shipped, 3 taps, the
+fused head with its 64-token candidate pool) drafting over an FR-Spec list: 1,024 ids for the embedded default (as the
 shipped drafters) and `--frspec-k` ids (default 32,768, FR-Spec's size for a 152K vocabulary) for the others,
 chosen at random (timing only). Threads per shape as decoding picks them (`target.use_decode_threads`: one for the
 embedded default, both cores for the larger shapes) unless `--threads` says otherwise. The bound is what the
 engine delivers when it adds no overhead (the committed bench measures 96–102% of it on the embedded default).
+A tree step is timed as the engine runs it: the backbone pass and the best-first tree (`build_tree`, the head
+stepping along every kept branch), then one target forward over the anchor and the N nodes with the tree's
+attention mask and positions, the LM head on the walk's likely rows only (the anchor and its line of best
+children). The untrained drafter's tree has the budget's node count, which is what the forward's cost depends on.
 """
 from __future__ import annotations
 
@@ -33,7 +40,8 @@ from domino_lab.bench import projection
 from domino_lab.decoding.metrics import speedup_bound
 from domino_lab.config import repo_root
 from domino_lab.errors import atomic_path, run_cli
-from domino_lab.experiments.timing import cached_step
+from domino_lab.decoding import tree as trees
+from domino_lab.experiments.timing import cached_step, cached_tree_step
 from domino_lab.target import default_tap_layers, use_decode_threads
 
 # name: (hidden, layers, heads, kv heads, head_dim, intermediate, vocab); Qwen3-0.6B's published shape last
@@ -60,7 +68,8 @@ def build_target(shape) -> Target:
     return Target(model, None, mask_token_id=vocab - 1, taps=default_tap_layers(layers, 3))
 
 
-def measure(target: Target, reps: int, rounds: int, frspec_k: int) -> dict:
+def measure(target: Target, reps: int, rounds: int, frspec_k: int, draft_layers: int = 2, tree_nodes: int = 32
+            ) -> dict:
     g = torch.Generator().manual_seed(0)
     params = sum(p.numel() for p in target.model.parameters())
     prompt = torch.randint(1, target.vocab_size - 1, (1, CTX), generator=g)
@@ -70,19 +79,24 @@ def measure(target: Target, reps: int, rounds: int, frspec_k: int) -> dict:
     def verify(k: int):
         def run():
             ids = torch.randint(1, target.vocab_size - 1, (1, k), generator=g)
+            # as the engine verifies a greedy chain: every row's next token, through the head screen if any
             target.forward(ids, cache=cache, taps=list(target.taps),
-                           position_ids=torch.arange(CTX, CTX + k)[None])
+                           position_ids=torch.arange(CTX, CTX + k)[None], greedy=True).tokens.tolist()
             cache.crop(-k)
         return run
 
     draft_vocab = min(frspec_k, target.vocab_size)
     ids = torch.randperm(target.vocab_size, generator=g)[:draft_vocab].tolist()
-    drafters = {b: Drafter.untrained(target, "domino", block_size=b, num_layers=1, frspec_k=draft_vocab).set_frspec(ids)
-                for b in (8, 16)}
+    drafters = {b: Drafter.untrained(target, "domino", block_size=b, num_layers=draft_layers,
+                                     frspec_k=draft_vocab).set_frspec(ids) for b in (8, 16)}
     for d in drafters.values():
         d.eval()
     runs = {"step": verify(1), "verify_8": verify(9), "verify_16": verify(17),
             "draft_8": cached_step(drafters[8], CTX, g), "draft_16": cached_step(drafters[16], CTX, g)}
+    if tree_nodes:
+        runs["draft_tree"] = cached_tree_step(drafters[8], CTX, g, tree_nodes)
+        with torch.no_grad():
+            runs["verify_tree"] = verify_tree(target, cache, runs["draft_tree"](), g)
     times = {k: [] for k in runs}
     with torch.no_grad():
         for f in runs.values():           # warm-up (allocator, the fused head's kernel and tables)
@@ -96,6 +110,10 @@ def measure(target: Target, reps: int, rounds: int, frspec_k: int) -> dict:
     ms = {k: 1000 * statistics.median(v) for k, v in times.items()}
     out = {"params": params, "threads": torch.get_num_threads(), "draft_vocab": draft_vocab,
            **{f"{q}_ms": v for q, v in ms.items()}}
+    if tree_nodes:
+        out["tree_nodes"] = tree_nodes
+        # the τ gain over the chain of 8 at which a tree step breaks even in tokens per second
+        out["tree_cost_ratio"] = (ms["draft_tree"] + ms["verify_tree"]) / (ms["draft_8"] + ms["verify_8"])
     for b in (8, 16):
         cost = ms[f"draft_{b}"] + ms[f"verify_{b}"]
         out[f"bound_{b}"] = {str(t): speedup_bound(t, ms["step"], ms[f"draft_{b}"], ms[f"verify_{b}"]) for t in TAUS}
@@ -104,11 +122,56 @@ def measure(target: Target, reps: int, rounds: int, frspec_k: int) -> dict:
     return out
 
 
-def render(res: dict, meta: dict, shipped: dict, proj: dict) -> str:
+def verify_tree(target: Target, cache, tree: trees.Tree, g: torch.Generator):
+    """A tree verify as the engine runs it: one forward over [anchor, nodes] with the tree's mask and positions on
+    a cache holding CTX positions, the LM head on the walk's likely rows, then the nodes cut off again."""
+    mask = trees.attention_mask(tree, CTX, target.dtype, target.device)
+    pos = trees.positions(tree, CTX, target.device)
+    rows = trees.likely_rows(tree)
+
+    def run():
+        ids = torch.randint(1, target.vocab_size - 1, (1, len(tree) + 1), generator=g)
+        out = target.forward(ids, cache=cache, taps=list(target.taps), attention_mask=mask, position_ids=pos,
+                             logits_rows=[])
+        target.greedy_tokens(out.hidden[0, rows]).tolist()
+        cache.crop(-(len(tree) + 1))
+    return run
+
+
+def tree_gains(path: Path, nodes: int) -> dict:
+    """{set: Domino's τ with a tree of `nodes` nodes ÷ its chain τ} from an experiments/tree.py result, or {}."""
+    if not path.exists():
+        return {}
+    res = json.loads(path.read_text())["results"]
+    return {s_: r[f"domino@{nodes}"]["tau"] / r["domino@0"]["tau"] for s_, r in res.items()
+            if f"domino@{nodes}" in r and "domino@0" in r}
+
+
+def render_tree(res: dict, gains: dict, source: str) -> list[str]:
+    """The tree section: per shape the tree step's cost against the chain's, and what each set's measured τ gain
+    would make of it in tokens per second (a projection, as the τ section's)."""
+    nodes = next(iter(res.values()))["tree_nodes"]
+    lines = ["", f"## Tree verification ({nodes} nodes) against a chain of 8", "",
+             "Tokens per second of a tree step ÷ a chain step = (τ gain of the tree) ÷ (tree step cost ÷ chain step "
+             "cost); the cost ratio is the τ gain at which the tree breaks even."
+             + (f" τ gains measured on the embedded default with the shipped Domino drafter (`{source}`)." if gains
+                else ""), "",
+             "| target | chain: draft + verify ms | tree: draft + verify ms | tree ÷ chain cost (break-even τ gain) |"
+             + "".join(f" {s_} (τ ×{gn:.2f}) |" for s_, gn in gains.items()),
+             "|" + "---|" * (4 + len(gains))]
+    for name, r in res.items():
+        ratio = r["tree_cost_ratio"]
+        lines.append(f"| {name} | {r['draft_8_ms']:.1f} + {r['verify_8_ms']:.1f} | {r['draft_tree_ms']:.1f} + "
+                     f"{r['verify_tree_ms']:.1f} | {ratio:.2f} |" + "".join(f" {gn / ratio:.2f}× |" for gn in gains.values()))
+    return lines
+
+
+def render(res: dict, meta: dict, shipped: dict, proj: dict, gains: dict | None = None) -> str:
     lines = [f"# Regime map: where speculative decoding pays on this CPU", "",
              f"`{meta['command']}`", "",
              f"Machine: {meta['machine']}, {meta['date']}. Random weights except the embedded default; median wall "
-             f"time, {CTX}-token context; untrained Domino drafter (1 layer, fused head, pool 64) drafting over an "
+             f"time, {CTX}-token context; untrained Domino drafter ({meta['draft_layers']} draft layers, fused head, "
+             "pool 64) drafting over an "
              "FR-Spec list of the size shown. Bound = τ · t_step / (t_draft + t_verify).", "",
              "| target | params | threads | draft vocab | step ms | verify 8 ms | verify 16 ms | draft 8 ms | "
              "draft 16 ms | draft/step (8) | τ for 1× (8 / 16) | τ for 2× (8 / 16) | bound at τ 2 / 4 / 6 (block 8) | "
@@ -136,6 +199,8 @@ def render(res: dict, meta: dict, shipped: dict, proj: dict) -> str:
             two = [n for n in res if bound[n] >= 2]
             lines.append(f"\n{s_} (τ {t:.2f}): beats plain decoding on {', '.join(pays) or 'none of these shapes'}; "
                          f"reaches 2× on {', '.join(two) or 'none of these shapes'}.")
+    if any("tree_nodes" in r for r in res.values()):
+        lines += render_tree(res, gains or {}, meta.get("tree_source", ""))
     return "\n".join(lines) + "\n"
 
 
@@ -174,30 +239,40 @@ def main(argv=None) -> int:
     p.add_argument("--frspec-k", type=int, default=32768, help="draft vocabulary of the larger shapes' drafters")
     p.add_argument("--bench", default="experiments/results/bench/bench.json",
                    help="bench.json whose Domino τ per set is projected onto every shape")
+    p.add_argument("--draft-layers", type=int, default=2, help="backbone layers of the drafters (shipped: 2)")
+    p.add_argument("--tree-nodes", type=int, default=32, help="node budget of the tree step timed against the "
+                                                                "chain (0 = no tree)")
+    p.add_argument("--tree", default="experiments/results/tree_n32/tree.json",
+                   help="experiments/tree.py result whose Domino tree/chain τ gain per set is projected")
     p.add_argument("--quick", action="store_true", help="two tiny shapes, 2 reps (tests)")
     a = p.parse_args(argv)
+    tree_nodes = trees.check_tree_nodes(a.tree_nodes, "--tree-nodes")
     shapes = QUICK if a.quick else SHAPES
     reps, rounds = (2, 1) if a.quick else (a.reps, a.rounds)
     res = {}
     for name, shape in shapes.items():
         target = build_target(shape)
         use_decode_threads(target, a.threads)
-        res[name] = measure(target, reps, rounds, 1024 if shape is None else a.frspec_k)
+        res[name] = measure(target, reps, rounds, 1024 if shape is None else a.frspec_k, a.draft_layers,
+                            tree_nodes)
         print(f"{name}: {json.dumps({k: v for k, v in res[name].items() if k.endswith('_ms')})}", file=sys.stderr)
     meta = {"command": "python experiments/regime_map.py " + " ".join(argv if argv is not None else sys.argv[1:]),
             "machine": f"{platform.machine()}, torch {torch.__version__}", "date": time.strftime("%Y-%m-%d"),
-            "tau_source": a.bench}
+            "tau_source": a.bench, "tree_source": a.tree, "draft_layers": a.draft_layers}
     bench = Path(a.bench) if Path(a.bench).is_absolute() else repo_root() / a.bench
     measured = bench_results(bench)
     proj = projection(measured, res, ["domino"])         # the bench's formula: τ · t_step / (t_draft + t_verify)
     shipped = {s_: measured[s_]["domino"]["tau"] for s_ in proj}
+    tree_path = Path(a.tree) if Path(a.tree).is_absolute() else repo_root() / a.tree
+    gains = tree_gains(tree_path, tree_nodes) if tree_nodes else {}
     stem = Path(a.out)
     stem = stem if stem.is_absolute() else repo_root() / stem
     stem.parent.mkdir(parents=True, exist_ok=True)
     with atomic_path(stem.with_suffix(".json")) as t:
-        t.write_text(json.dumps({"meta": meta, "shipped_tau": shipped, "results": res}, indent=1))
+        t.write_text(json.dumps({"meta": meta, "shipped_tau": shipped, "tree_tau_gain": gains, "results": res},
+                               indent=1))
     with atomic_path(stem.with_suffix(".md")) as t:
-        t.write_text(render(res, meta, shipped, proj) + f"\n![bound vs τ]({stem.name}.png)\n")
+        t.write_text(render(res, meta, shipped, proj, gains) + f"\n![bound vs τ]({stem.name}.png)\n")
     plot(res, stem.with_suffix(".png"))
     print(stem.with_suffix(".md").read_text())
     return 0

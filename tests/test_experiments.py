@@ -218,3 +218,32 @@ def test_train_step_bench_times_every_mode(tmp_path):
     assert [tuple(c.strip() for c in r.split("|")[1:3]) for r in rows] == [
         (online, "32-true"), (offline, "32-true"), (online, "bf16-mixed"), (offline, "bf16-mixed")]
     assert all(float(r.split("|")[3]) > 0 for r in rows)
+
+
+def test_regime_map_times_chains_and_trees_and_projects_the_tree_gain(tmp_path):
+    """The regime map on two tiny shapes: every quantity timed, the tree's cost ratio is what its times say, and the
+    tree section turns a tree result's τ gain into tokens per second through that ratio; a bad budget is one error."""
+    import importlib.util
+
+    from domino_lab.errors import UserError
+
+    path = Path(__file__).resolve().parents[1] / "experiments" / "regime_map.py"
+    spec = importlib.util.spec_from_file_location("regime_map", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    tree = tmp_path / "tree.json"
+    tree.write_text(json.dumps({"results": {"math": {"domino@0": {"tau": 4.0}, "domino@16": {"tau": 5.0}}}}))
+    out = tmp_path / "map"
+    assert mod.main(["--quick", "--tree-nodes", "16", "--tree", str(tree), "--bench", str(tmp_path / "none.json"),
+                     "--out", str(out)]) == 0
+    res = json.loads(out.with_suffix(".json").read_text())
+    assert res["tree_tau_gain"] == {"math": pytest.approx(1.25)}
+    md = out.with_suffix(".md").read_text()
+    for name, r in res["results"].items():
+        assert r["tree_nodes"] == 16 and min(r[k] for k in r if k.endswith("_ms")) > 0
+        ratio = (r["draft_tree_ms"] + r["verify_tree_ms"]) / (r["draft_8_ms"] + r["verify_8_ms"])
+        assert r["tree_cost_ratio"] == pytest.approx(ratio)
+        assert f"| {ratio:.2f} | {1.25 / ratio:.2f}× |" in md
+    with pytest.raises(UserError, match="--tree-nodes"):
+        mod.main(["--quick", "--tree-nodes", "-1", "--out", str(tmp_path / "bad")])
+    assert not (tmp_path / "bad.md").exists()

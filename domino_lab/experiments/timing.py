@@ -7,9 +7,9 @@ import time
 import torch
 
 
-def cached_step(d, ctx: int, g: torch.Generator, new: int = 2):
-    """A decoding-like draft step: `ctx` positions already in the draft cache, `new` committed positions' features
-    appended (as after a step that accepted new-1 drafts), then removed again so every call sees the same state."""
+def _cached_state(d, ctx: int, g: torch.Generator, new: int):
+    """Random target features, anchor and ids of a `ctx`-position context, the first ctx - new already in a fresh
+    draft cache (as after a step that accepted new - 1 drafts)."""
     from ..decoding.kv_cache import new_cache
 
     cfg = d.config
@@ -18,10 +18,34 @@ def cached_step(d, ctx: int, g: torch.Generator, new: int = 2):
     ids = torch.randint(0, cfg.vocab_size - 1, (1, ctx), generator=g)
     cache = new_cache()
     d.draft(feats[:, : ctx - new], 0, anchor, ctx - new, cache, ctx_ids=ids[:, : ctx - new])
+    return feats, anchor, ids, cache
+
+
+def cached_step(d, ctx: int, g: torch.Generator, new: int = 2):
+    """A decoding-like draft step: `ctx` positions already in the draft cache, `new` committed positions' features
+    appended (as after a step that accepted new-1 drafts), then removed again so every call sees the same state."""
+    feats, anchor, ids, cache = _cached_state(d, ctx, g, new)
 
     def step():
         d.draft(feats[:, ctx - new:], ctx - new, anchor, ctx, cache, ctx_ids=ids[:, ctx - new:])
         cache.crop(-new)
+    return step
+
+
+def cached_tree_step(d, ctx: int, g: torch.Generator, nodes: int, new: int = 2, topk: int = 5):
+    """`cached_step` for tree drafting: the backbone pass over the same cached state, then the best-first tree of
+    `nodes` nodes over the block's depth (the Domino head stepping along every kept branch). step() returns the
+    tree, so a verify timing can use its shape."""
+    from ..decoding.tree import build_tree
+
+    feats, anchor, ids, cache = _cached_state(d, ctx, g, new)
+
+    def step():
+        expander = d.tree_expander(feats[:, ctx - new:], ctx - new, anchor, ctx, cache, n=d.config.num_drafts,
+                                   topk=topk)
+        tree = build_tree(expander, nodes, d.config.num_drafts, topk)
+        cache.crop(-new)
+        return tree
     return step
 
 
