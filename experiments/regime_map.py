@@ -200,7 +200,7 @@ def render(res: dict, meta: dict, shipped: dict, proj: dict, gains: dict | None 
             lines.append(f"\n{s_} (τ {t:.2f}): beats plain decoding on {', '.join(pays) or 'none of these shapes'}; "
                          f"reaches 2× on {', '.join(two) or 'none of these shapes'}.")
     if any("tree_nodes" in r for r in res.values()):
-        lines += render_tree(res, gains or {}, meta.get("tree_source", ""))
+        lines += render_tree(res, gains or {}, meta["tree_source"])
     return "\n".join(lines) + "\n"
 
 

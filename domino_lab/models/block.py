@@ -124,12 +124,11 @@ class BlockDrafter(Drafter):
         base = add_noise(base, noise, vm)
         bt = _top(base, min(topk, base.shape[-1]), vm)
         base_top = (bt[0][0], bt[1][0])              # what the records show as the base logits
-        if self.uses_head:
-            base = self.head.first_final(h, base, anchor, self.target.embed_tokens.weight, vm)
         if not self.uses_head:
             return SlotMarginals(base[0], vm, base_top)
-        return self.head.branches(h, base, anchor, self.target.embed_tokens.weight, self.options.candidate_pool,
-                                  vm, base_top, self.options.head_impl)
+        embed = self.target.embed_tokens.weight
+        return self.head.branches(h, self.head.first_final(h, base, anchor, embed, vm), anchor, embed,
+                                  self.options.candidate_pool, vm, base_top, self.options.head_impl)
 
     @torch.no_grad()
     def block_logits(self, ctx_feats: torch.Tensor, start: int, anchor: int, prefix: list[int], copy=None

@@ -126,7 +126,8 @@ class DominoHead(nn.Module):
                 top_p: float = 1.0, generator: torch.Generator | None = None, impl: str = "fast",
                 vocab_ids: torch.Tensor | None = None, topk: int = 5) -> Rollout:
         """Draft n tokens sequentially. h [b, m, H], base [b, m, V] (m >= n slots), anchor [b]; base_top: the base
-        top-k (vocabulary ids, values) [b, n, k], which is slot 0's final top-k (draft 0 is uncorrected).
+        top-k (vocabulary ids, values) [b, n, k] of `base`, which is slot 0's final top-k (`base` carries slot 0's
+        final logits: uncorrected, or corrected by `first_final`).
 
         impl: "eager" (nn.GRU, full-vocabulary correction: the reference), "fast" (torch ops), "compiled"
         (torch.compile: greedy only) or "fused" (the C++ loop of head_kernel.py: greedy or sampled);
