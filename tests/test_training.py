@@ -143,10 +143,11 @@ def test_config_errors(tmp_path):
     assert cfg.drafter.method == "domino" and cfg.loss.curriculum.type == "linear"
     recipes = [p for p in sorted((REPO / "experiments/configs").glob("*.yaml"))
                if "\nmodel:" not in p.read_text()]      # the target's pretraining recipes have their own schema
-    assert len(recipes) >= 9
+    assert len(recipes) >= 8
     for path in recipes:                                 # every drafter recipe loads with no unknown key
         load_config(TrainConfig, path)
-    big = load_config(TrainConfig, REPO / "experiments/configs/domino_copy_r256.yaml")
+    big = load_config(TrainConfig, REPO / "experiments/configs/domino_copy.yaml",
+                      ["drafter.rank=256", "drafter.gru_hidden=512", "max_steps=4000"])
     assert (big.drafter.rank, big.drafter.gru_hidden, big.max_steps) == (256, 512, 4000)
 
 
