@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+import warnings
 
 from .errors import UserError, atomic_path, run_cli
 
@@ -188,7 +189,13 @@ def _train(cfg, resume: bool, extra_callbacks, logger, target) -> dict:
                                    "config.yaml")
         logger.experiment.log_dict(logger.run_id, json.loads(dcfg.to_json()), "drafter_config.json")
         logger.log_hyperparams({f"drafter.{k}": v for k, v in module.drafter.param_counts().items()})
-    trainer.fit(module, datamodule=dm, **({"ckpt_path": str(ckpt)} if ckpt else {}))
+    with warnings.catch_warnings():
+        # With OnExceptionCheckpoint present, Lightning treats a fit without ckpt_path as "resume from last" and
+        # warns twice about it; a fresh run here is already known to start in a directory without checkpoints
+        # (checked above), so both warnings only confuse.
+        warnings.filterwarnings("ignore", message=r".*\.fit\(ckpt_path=None\)` was called without a model")
+        warnings.filterwarnings("ignore", message=r'.*\.fit\(ckpt_path="last"\) is set, but there is no last')
+        trainer.fit(module, datamodule=dm, **({"ckpt_path": str(ckpt)} if ckpt else {}))
     # a final validation if the last step wasn't one, so best/ is judged on the trained weights too
     if trainer.global_step % cfg.eval.every_n_steps:
         trainer.validate(module, datamodule=dm, verbose=False)

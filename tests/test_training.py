@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import pytest
@@ -195,7 +196,11 @@ def test_training_raises_tau_and_logs_to_mlflow(tiny, tmp_path):
     from domino_lab.training.module import measure_tau
 
     cfg = load_config(TrainConfig, None, base_args(tiny, tmp_path / "run", steps=120, every=40))
-    res = train(cfg)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        res = train(cfg)
+    # a fresh run is not a resume: Lightning's "ckpt_path=None ... last checkpoint" warnings would only confuse
+    assert not [w for w in caught if "ckpt_path" in str(w.message)], [str(w.message) for w in caught]
     assert res["steps"] == 120 and Path(res["best_dir"], "model.safetensors").exists()
     target = Target.from_pretrained(cfg.target)
     dm = DrafterDataModule(cfg.data)
