@@ -75,6 +75,18 @@ def named_drafters(items: list[str], target) -> dict:
     return out
 
 
+def drafter_provenance(items: list[str]) -> dict:
+    """`NAME=SPEC` items -> {name: {"spec": SPEC, ...what the drafter recorded about its training}} (e.g. the
+    content digest of its training data), so a result file says which drafters, trained on what, it compares."""
+    from .models.drafter import read_provenance
+
+    out = {}
+    for item in items:
+        name, spec = item.split("=", 1)
+        out[name] = {"spec": spec, **read_provenance(spec.removesuffix(":head-off"))}
+    return out
+
+
 def run_record() -> dict:
     """The command, machine and time a result file records."""
     import platform

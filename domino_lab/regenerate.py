@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
                max_length=args.max_length, dtype=args.dtype, device=args.device, progress=not args.no_progress)
     meta = load_meta(args.out)
     print(json.dumps({k: meta[k] for k in ("rows", "counts", "truncated_without_eos", "mean_response_tokens",
-                                           "generated_this_run", "seconds_this_run")}))
+                                           "generated_this_run", "seconds_this_run", "data_digest")}))
     return 0
 
 

@@ -94,6 +94,15 @@ def check_data_target(data_path, target) -> None:
                         f"one {target.weights_digest}); regenerate it with `python -m domino_lab.regenerate`")
 
 
+def check_same_data(saved: str | None, now: str, paths: list[str], ckpt: Path) -> None:
+    """Resuming on other data (regenerated differently since, or another folder at the same path) would make one
+    run of two datasets; checkpoints written before digests were recorded carry none and are not checked."""
+    if saved and saved != now:
+        raise UserError(f"--resume: the training data at {', '.join(paths)} is not the data the checkpoint "
+                        f"({ckpt.name}) was trained on (content digest {saved}, now {now}); restore that data, or "
+                        "train into a new out_dir")
+
+
 def train(cfg, resume: bool = False, extra_callbacks=None, logger=None, target=None) -> dict:
     """Train one drafter; returns {"best_tau", "best_dir", "final_dir", "run_id", "steps"}. Used by the sweep.
 
@@ -112,6 +121,7 @@ def _train(cfg, resume: bool, extra_callbacks, logger, target) -> dict:
     from lightning.pytorch.callbacks import ModelCheckpoint, OnExceptionCheckpoint
 
     from .target import Target
+    from .data.regenerate import data_digest
     from .training.callbacks import ExportBest
     from .training.config import drafter_config
     from .training.datamodule import DrafterDataModule
@@ -145,12 +155,15 @@ def _train(cfg, resume: bool, extra_callbacks, logger, target) -> dict:
     dm.setup("fit")
     for path in cfg.data.paths:
         check_data_target(path, target)
+    digest = "+".join(data_digest(path) for path in cfg.data.paths)
+    if saved is not None:
+        check_same_data(saved["hyper_parameters"].get("data_digest"), digest, cfg.data.paths, ckpt)
     if cfg.data.features == "offline":
         from .data.features import ensure
 
         dm.features = ensure(target, dm.train_rows + dm.val_rows, dcfg.target_layer_ids, cfg.data.features_dir,
                              progress=cfg.progress_bar)
-    module = DrafterModule(cfg, dcfg, target)
+    module = DrafterModule(cfg, dcfg, target, data_digest=digest)
     if saved is not None:      # e.g. the target was retrained at the same path since the checkpoint
         check_same_config(saved["hyper_parameters"].get("drafter", {}), dict(module.hparams["drafter"]), "drafter",
                           ckpt)
@@ -199,11 +212,11 @@ def _train(cfg, resume: bool, extra_callbacks, logger, target) -> dict:
     # a final validation if the last step wasn't one, so best/ is judged on the trained weights too
     if trainer.global_step % cfg.eval.every_n_steps:
         trainer.validate(module, datamodule=dm, verbose=False)
-    result = {"steps": trainer.global_step, "run_id": logger.run_id, "best_tau": best.best_tau,
+    result = {"steps": trainer.global_step, "run_id": logger.run_id, "data_digest": digest, "best_tau": best.best_tau,
               "best_draft_ms": best.best.get("val/draft_ms"), "best_verify_ms": best.best.get("val/verify_ms"),
               "best_dir": str(best.path) if best.best_tau is not None else None}
     if trainer.is_global_zero:
-        final = module.drafter.save_pretrained(out_dir / "final")
+        final = module.drafter.save_pretrained(out_dir / "final", provenance=module.provenance())
         result["final_dir"] = str(final)
         client = logger.experiment
         if best.best_tau is not None:

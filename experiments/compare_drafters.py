@@ -12,7 +12,7 @@ import argparse
 
 from domino_lab.data.eval_sets import load_eval_set
 from domino_lab.errors import run_cli
-from domino_lab.evaluate import evaluate, named_drafters, paired, run_record, save_results
+from domino_lab.evaluate import drafter_provenance, evaluate, named_drafters, paired, run_record, save_results
 from domino_lab.target import Target
 
 
@@ -32,7 +32,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     target = Target.from_pretrained(args.target)
     drafters = named_drafters(args.drafter, target)
-    results = {**run_record(), "sets": {}}
+    results = {**run_record(), "drafters": drafter_provenance(args.drafter), "sets": {}}
     lines = ["| set | drafter | τ | paired Δτ vs first (95% CI) | wins/losses | accept per position | draft ms |",
              "|---|---|---|---|---|---|---|"]
     names = list(drafters)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 from pathlib import Path
 
 from domino_lab.errors import UserError, run_cli
@@ -39,14 +40,27 @@ def summarize(runs: list[dict], a: str, b: str) -> dict:
     return out
 
 
+def data_mismatches(runs: list[dict], a: str, b: str) -> list[str]:
+    """Seeds in which `a` and `b` record different training data (content digests in the result files; drafters
+    saved before digests were recorded say nothing and are not flagged). A paired difference then measures the
+    data as well as the method, which may be intended (a data experiment) but should never go unnoticed."""
+    out = []
+    for k, r in enumerate(runs):
+        da, db = (r.get("drafters", {}).get(n, {}).get("data_digest") for n in (a, b))
+        if da and db and da != db:
+            out.append(f"seed run {k}: {a} was trained on data {da}, {b} on {db}")
+    return out
+
+
 def load_seed(spec: str) -> dict:
     """One seed's results: a compare_drafters.py JSON, or several joined with '+' (their drafters merged per set)."""
-    merged: dict = {"sets": {}}
+    merged: dict = {"sets": {}, "drafters": {}}
     for f in spec.split("+"):
         try:
             run = json.loads(Path(f).read_text())
         except (OSError, json.JSONDecodeError) as e:
             raise UserError(f"cannot read {f}: {e}") from None
+        merged["drafters"].update(run.get("drafters", {}))
         for s, res in run["sets"].items():
             merged["sets"].setdefault(s, {}).update(res)
     return merged
@@ -65,6 +79,10 @@ def main(argv=None) -> int:
     lines = [f"Seeds: {len(runs)} ({', '.join(args.runs)})", "",
              "| pair | set | τ ratio per seed | mean ± sd | pooled per-prompt Δτ (95% CI) | wins/losses |",
              "|---|---|---|---|---|---|"]
+    for a, b in args.pair:
+        for line in data_mismatches(runs, a, b):
+            print(f"warning: {line}", file=sys.stderr)
+            lines.insert(1, f"Note: {line}.")
     for pair, sets in result.items():
         for s, r in sets.items():
             lines.append(f"| {pair} | {s} | {' '.join(f'{x:.3f}' for x in r['ratios'])} | "

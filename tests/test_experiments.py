@@ -175,6 +175,15 @@ def test_seed_summary_joins_runs_of_one_seed_and_pairs_on_common_sets(tmp_path):
     assert list(res) == ["math"] and res["math"]["n"] == 6 and res["math"]["pooled_diff"] == pytest.approx(1.0)
     with pytest.raises(UserError, match="no eval set has drafters"):
         seed_summary.main(["--runs", *files, "--pair", "new", "nope", "--out", str(out)])
+    # drafters that record different training data are summarised, with a note naming the seed and both digests
+    for seed, digest in ((0, "aaaa"), (1, "bbbb")):
+        a = tmp_path / f"a{seed}.json"
+        a.write_text(json.dumps(dict(json.loads(a.read_text()), drafters={"new": {"spec": "x", "data_digest": digest}})))
+        b = tmp_path / f"b{seed}.json"
+        b.write_text(json.dumps(dict(json.loads(b.read_text()), drafters={"old": {"spec": "y", "data_digest": "aaaa"}})))
+    assert seed_summary.main(["--runs", *files, "--pair", "new", "old", "--out", str(out)]) == 0
+    notes = [x for x in out.read_text().splitlines() if x.startswith("Note:")]
+    assert notes == ["Note: seed run 1: new was trained on data bbbb, old on aaaa."]
 
 
 def test_engine_overhead_pairs_bare_and_engine_per_prompt():

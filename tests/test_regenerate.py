@@ -18,7 +18,8 @@ import torch
 
 from domino_lab.data.eval_sets import MAX_CONTEXT_CHARS
 from domino_lab.errors import UserError
-from domino_lab.data.regenerate import SHARD_DIR, load_meta, load_regenerated, regenerate, training_prompts
+from domino_lab.data.regenerate import (SHARD_DIR, content_digest, data_digest, load_meta, load_regenerated, regenerate,
+                                       training_prompts)
 from domino_lab.target import Target
 
 REPO = Path(__file__).resolve().parents[1]
@@ -182,6 +183,27 @@ def test_resume_after_interruption_has_no_duplicates_and_redoes_nothing(target, 
     target.model.generate = real_generate
     fresh = regenerate(target, prompts, tmp_path / "fresh", max_new_tokens=10, batch_size=4, progress=False)
     assert fresh["input_ids"] == ds["input_ids"]
+    # and the content digest says so: the same rows, written in one go or across an interruption
+    assert load_meta(out)["data_digest"] == load_meta(tmp_path / "fresh")["data_digest"] == content_digest(ds)
+
+
+def test_data_digest_changes_with_any_token_and_is_computed_for_older_data(target, tmp_path):
+    out = tmp_path / "out"
+    ds = regenerate(target, _prompts(4), out, max_new_tokens=6, progress=False)
+    digest = load_meta(out)["data_digest"]
+    assert len(digest) == 16 and data_digest(out) == digest
+    for column in ("input_ids", "loss_mask"):
+        rows = [list(r) for r in ds[column]]
+        rows[1][-1] ^= 1
+        assert content_digest(ds.remove_columns(column).add_column(column, rows)) != digest, column
+    renamed = list(ds["id"])
+    renamed[0] += "x"
+    assert content_digest(ds.remove_columns("id").add_column("id", renamed)) != digest
+    # data written before meta.json recorded the digest: computed from the rows, the same value
+    meta = json.loads((out / "meta.json").read_text())
+    del meta["data_digest"]
+    (out / "meta.json").write_text(json.dumps(meta))
+    assert data_digest(out) == digest
 
 
 def test_resume_regenerates_an_id_whose_prompt_text_changed(target, tmp_path):

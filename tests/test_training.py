@@ -2,6 +2,7 @@
 import json
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -350,10 +351,25 @@ def test_resume_refuses_what_it_cannot_continue(tiny, tmp_path, capsys):
     code, err = run(quick_args(tiny, fresh, 2) + ["--resume"])
     assert code == 2 and err[-1].startswith("error: --resume") and "no checkpoint" in err[-1]
     assert not fresh.exists()
+    # the run trains on a copy of the data, whose content digest it records (result, checkpoint, exported drafter)
+    from domino_lab.data.regenerate import data_digest
+    from domino_lab.models.drafter import read_provenance
+    data = tmp_path / "data"
+    shutil.copytree(tiny[1], data)
     out = tmp_path / "run"
-    args = quick_args(tiny, out, 2, ckpt_every=1)
+    args = quick_args((tiny[0], str(data)), out, 2, ckpt_every=1)
     code, err = run(args)
     assert code == 0
+    digest = data_digest(data)
+    assert json.loads((out / "result.json").read_text())["data_digest"] == digest
+    assert read_provenance(out / "final") == {"data_digest": digest, "seed": 0, "step": 2,
+                                              "target_digest": read_provenance(out / "final")["target_digest"]}
+    # other data at the same path (here: its recorded digest changed): refused, not one run of two datasets
+    meta = json.loads((data / "meta.json").read_text())
+    (data / "meta.json").write_text(json.dumps(dict(meta, data_digest="0123456789abcdef")))
+    code, err = run(args + ["--resume"])
+    assert code == 2 and "is not the data the checkpoint" in err[-1] and digest in err[-1]
+    (data / "meta.json").write_text(json.dumps(meta))
     # another config: MLflow cannot change a run's parameters; name what differs instead of its traceback
     code, err = run(args + ["optim.lr=1e-3", "--resume"])
     assert code == 2 and len([x for x in err if x.startswith("error:")]) == 1 and "Traceback" not in "".join(err)

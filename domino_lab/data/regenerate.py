@@ -14,7 +14,8 @@ target over prompts (batched, left-padded, through HF `generate`), and stores
 
 The command line is `python -m domino_lab.regenerate` (domino_lab/regenerate.py); this module is the library:
 `regenerate(target, prompts, out_dir, ...) -> datasets.Dataset`, `load_regenerated(dir)`, `load_meta(dir)`,
-`training_prompts(n_math, n_code)`, `ensure_regenerated(path, target, ...)` (create on first use) and
+`training_prompts(n_math, n_code)`, `ensure_regenerated(path, target, ...)` (create on first use),
+`data_digest(dir)` (a hash of the rows, so runs can say, and check, which data they trained on) and
 `frequent_tokens_from_dataset(path, k, vocab_size)` (FR-Spec's draft vocabulary of a dataset).
 """
 from __future__ import annotations
@@ -400,7 +401,7 @@ def _finalize(out_dir: Path, table, keys: list[tuple[str, str]], info: dict, pro
     resp_tokens = sum(len(x) - p for x, p in zip(input_ids, prompt_len))
     meta = {**info, "rows": len(ids), "counts": counts, "truncated_without_eos": finished.count(False),
             "response_tokens": resp_tokens, "mean_response_tokens": round(resp_tokens / len(ids), 2),
-            "prompt_tokens": sum(prompt_len), "columns": list(features),
+            "prompt_tokens": sum(prompt_len), "columns": list(features), "data_digest": content_digest(ds),
             "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
 
     for stale in out_dir.glob(".final-*"):  # left by a run killed while finalizing (we hold the lock)
@@ -440,6 +441,29 @@ def load_regenerated(out_dir: str | os.PathLike):
 def load_meta(out_dir: str | os.PathLike) -> dict:
     load_regenerated(out_dir)  # same completeness checks
     return json.loads((Path(out_dir) / META).read_text())
+
+
+def content_digest(ds) -> str:
+    """sha256 (first 16 hex digits) of what a drafter learns from: every row's id, tokens and loss mask, in row
+    order. Two datasets with the same digest train the same drafter (for a given recipe and seed), however and
+    whenever they were written; the Arrow chunking does not enter it."""
+    import numpy as np
+    import pyarrow.compute as pc
+
+    h = hashlib.sha256(b"regenerated-v1")
+    h.update("\n".join(ds["id"]).encode())
+    for name in ("input_ids", "loss_mask"):
+        col = ds.data.column(name).combine_chunks()
+        h.update(name.encode())
+        h.update(np.asarray(pc.list_value_length(col), dtype=np.int64).tobytes())
+        h.update(np.asarray(col.flatten(), dtype=np.int64).tobytes())
+    return h.hexdigest()[:16]
+
+
+def data_digest(out_dir: str | os.PathLike) -> str:
+    """The content digest of regenerated data: from meta.json, or computed for data written before meta.json
+    recorded it."""
+    return load_meta(out_dir).get("data_digest") or content_digest(load_regenerated(out_dir))
 
 
 def ensure_regenerated(path: str | os.PathLike, target, *, n_math: int, n_code: int, max_new_tokens: int,

@@ -228,13 +228,17 @@ class Drafter(nn.Module, metaclass=ABCMeta):
         return {"backbone": backbone, "head": head, "total": sum(parts.values()),
                 "head_over_backbone_pct": round(100.0 * head / backbone, 2) if backbone else 0.0}
 
-    def save_pretrained(self, out_dir: str | os.PathLike) -> Path:
+    def save_pretrained(self, out_dir: str | os.PathLike, provenance: dict | None = None) -> Path:
         """config.json + model.safetensors, written to a temporary directory and swapped into place (errors.atomic_dir):
-        a crash leaves the old drafter or the new one, never neither."""
+        a crash leaves the old drafter or the new one, never neither. `provenance` (JSON-able: what the drafter was
+        trained on, e.g. the data's content digest) goes into the safetensors metadata; `read_provenance` reads it."""
+        meta = {"format": "pt", "method": self.config.method}
+        if provenance:
+            meta["provenance"] = json.dumps(provenance, sort_keys=True)
         with atomic_dir(out_dir) as tmp:
             (tmp / "config.json").write_text(self.config.to_json())
             state = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
-            save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt", "method": self.config.method})
+            save_file(state, str(tmp / "model.safetensors"), metadata=meta)
         return Path(out_dir)
 
     @classmethod
@@ -265,6 +269,24 @@ class Drafter(nn.Module, metaclass=ABCMeta):
         """A freshly initialised, seeded drafter for `target` (teaching, tests, `untrained:<method>`)."""
         torch.manual_seed(seed)
         return Drafter(DrafterConfig.for_target(target, method, **overrides), target)
+
+
+def read_provenance(path: str | os.PathLike) -> dict:
+    """What `save_pretrained` recorded about a drafter directory (or shipped name)'s training, e.g.
+    {"data_digest": ..., "target_digest": ..., "seed": ..., "step": ...}; {} when nothing was recorded (drafters
+    saved before provenance was kept, release layouts)."""
+    from safetensors import safe_open
+
+    path = SHIPPED_DRAFTERS.get(str(path), Path(path))
+    weights = Path(path) / "model.safetensors"
+    if not weights.exists():
+        return {}
+    try:
+        with safe_open(str(weights), "pt") as f:
+            raw = (f.metadata() or {}).get("provenance")
+        return json.loads(raw) if raw else {}
+    except (OSError, ValueError, json.JSONDecodeError):
+        return {}
 
 
 def check_weights(weights: Path, expected: dict, cfg_file: Path) -> None:

@@ -25,7 +25,7 @@ class ExportBest(Callback):
             return
         if self.best_tau is None or float(tau) > self.best_tau:
             self.best = {k: float(trainer.callback_metrics[k]) for k in KEPT if k in trainer.callback_metrics}
-            pl_module.drafter.save_pretrained(self.path)
+            pl_module.drafter.save_pretrained(self.path, provenance=pl_module.provenance())
 
     def state_dict(self):
         return {"best": self.best}

@@ -22,10 +22,13 @@ from .schedules import make_schedule
 
 
 class DrafterModule(pl.LightningModule):
-    def __init__(self, cfg: TrainConfig, drafter_config: DrafterConfig, target=None):
+    def __init__(self, cfg: TrainConfig, drafter_config: DrafterConfig, target=None, data_digest: str | None = None):
+        """data_digest: the training data's content digest (data.regenerate.data_digest; "+"-joined for several
+        paths), kept in the checkpoints and in every exported drafter, so a run says which data it learned from."""
         super().__init__()
         self.cfg = cfg
-        self.save_hyperparameters({"train": cfg.to_logged_dict(), "drafter": _plain(drafter_config)})
+        self.save_hyperparameters({"train": cfg.to_logged_dict(), "drafter": _plain(drafter_config),
+                                   **({"data_digest": data_digest} if data_digest else {})})
         self.drafter = Drafter(drafter_config)
         self.schedule = make_schedule(cfg.loss.curriculum)
         self.gamma = cfg.loss.gamma or default_gamma(drafter_config.block_size)
@@ -86,6 +89,13 @@ class DrafterModule(pl.LightningModule):
         if target_logp is None:
             return hard
         return (1 - a) * hard + a * weighted_kl(logits, target_logp, bb.valid, self.gamma)
+
+    def provenance(self) -> dict:
+        """What an exported drafter records about its training (models.drafter.read_provenance)."""
+        target = self.__dict__.get("target")
+        out = {"data_digest": self.hparams.get("data_digest"), "seed": self.cfg.seed, "step": int(self.global_step),
+               "target_digest": getattr(target, "weights_digest", None)}
+        return {k: v for k, v in out.items() if v is not None}
 
     def lambda_now(self) -> float:
         if not self.drafter.has_head:
