@@ -94,7 +94,7 @@ class DrafterModule(pl.LightningModule):
         """What an exported drafter records about its training (models.drafter.read_provenance)."""
         target = self.__dict__.get("target")
         out = {"data_digest": self.hparams.get("data_digest"), "seed": self.cfg.seed, "step": int(self.global_step),
-               "target_digest": getattr(target, "weights_digest", None)}
+               "target_digest": getattr(target, "weights_digest", None), "init_from": self.cfg.drafter.init_from}
         return {k: v for k, v in out.items() if v is not None}
 
     def lambda_now(self) -> float:
