@@ -64,11 +64,8 @@ def named_drafters(items: list[str], target) -> dict:
     from .models import load_drafter
 
     out = {}
-    for item in items:
-        if "=" not in item:
-            raise UserError(f"--drafter {item!r} must be NAME=SPEC")
-        name, spec = item.split("=", 1)
-        d = load_drafter(spec.removesuffix(":head-off"), target)
+    for name, spec, path in _drafter_items(items):
+        d = load_drafter(path, target)
         if spec.endswith(":head-off"):
             d.head_enabled = False
         out[name] = d
@@ -80,10 +77,17 @@ def drafter_provenance(items: list[str]) -> dict:
     content digest of its training data), so a result file says which drafters, trained on what, it compares."""
     from .models.drafter import read_provenance
 
-    out = {}
+    return {name: {"spec": spec, **read_provenance(path)} for name, spec, path in _drafter_items(items)}
+
+
+def _drafter_items(items: list[str]) -> list[tuple[str, str, str]]:
+    """`NAME=SPEC` -> (name, SPEC, the drafter SPEC names: SPEC without a `:head-off` suffix)."""
+    out = []
     for item in items:
+        if "=" not in item:
+            raise UserError(f"--drafter {item!r} must be NAME=SPEC")
         name, spec = item.split("=", 1)
-        out[name] = {"spec": spec, **read_provenance(spec.removesuffix(":head-off"))}
+        out.append((name, spec, spec.removesuffix(":head-off")))
     return out
 
 

@@ -460,10 +460,11 @@ def content_digest(ds) -> str:
     return h.hexdigest()[:16]
 
 
-def data_digest(out_dir: str | os.PathLike) -> str:
-    """The content digest of regenerated data: from meta.json, or computed for data written before meta.json
-    recorded it."""
-    return load_meta(out_dir).get("data_digest") or content_digest(load_regenerated(out_dir))
+def data_digest(out_dir: str | os.PathLike, meta: dict | None = None) -> str:
+    """The content digest of regenerated data: from meta.json (`meta`, when the caller has already read it), or
+    computed for data written before meta.json recorded it."""
+    meta = meta if meta is not None else load_meta(out_dir)
+    return meta.get("data_digest") or content_digest(load_regenerated(out_dir))
 
 
 def ensure_regenerated(path: str | os.PathLike, target, *, n_math: int, n_code: int, max_new_tokens: int,
