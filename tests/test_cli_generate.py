@@ -70,6 +70,11 @@ def test_bad_inputs(tdir, tmp_path, capsys):
     Drafter.untrained(other, "domino").save_pretrained(tmp_path / "dr")
     code, _, err = run(base + ["--drafter", str(tmp_path / "dr"), "--prompt", "hi"], capsys)
     assert one_error_line(code, err) and "does not fit" in err
+    # an untrained drafter's options are typed like a config file's
+    for spec, word in (("untrained:domino:block_size=abc", "block_size must be an int"),
+                       ("untrained:dflash:shift_label=3", "shift_label must be a bool")):
+        code, _, err = run(base + ["--drafter", spec, "--prompt", "hi"], capsys)
+        assert one_error_line(code, err) and word in err, (spec, err)
 
 
 def test_prompts_file_is_checked_whole_before_decoding(tdir, tmp_path, capsys):

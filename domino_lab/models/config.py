@@ -17,6 +17,9 @@ if TYPE_CHECKING:
 RUNTIME_KEYS = ("head_impl", "candidate_pool")
 
 
+_SCALARS = {"int": int, "float": float, "bool": bool, "str": str}   # annotations are strings here
+
+
 @dataclass
 class DrafterConfig:
     method: str = "domino"            # a registered family (models/registry.py): "dflash" = backbone only;
@@ -64,6 +67,7 @@ class DrafterConfig:
     def __post_init__(self):
         from .registry import family
 
+        self._check_scalar_types()
         family(self.method).check_config(self)     # unknown methods and family-specific rules
         if self.block_size < 1 or (not self.shift_label and self.block_size < 2):
             raise UserError(f"block_size {self.block_size} is too small (needs >= {1 if self.shift_label else 2})")
@@ -79,6 +83,20 @@ class DrafterConfig:
         for name in ("num_layers", "gru_hidden", "rank", "head_dim"):
             if getattr(self, name) < 1:
                 raise UserError(f"{name} must be >= 1 (got {getattr(self, name)})")
+
+    def _check_scalar_types(self) -> None:
+        """Scalar fields hold their annotated type (an int where a float is expected becomes that float): values
+        from `untrained:METHOD:key=value` specs or hand-edited config files arrive unchecked."""
+        for f in fields(self):
+            want = _SCALARS.get(f.type)
+            v = getattr(self, f.name)
+            if want is None:
+                continue
+            if want is float and isinstance(v, int) and not isinstance(v, bool):
+                setattr(self, f.name, float(v))
+            elif not isinstance(v, want) or (want is int and isinstance(v, bool)):
+                raise UserError(f"drafter option {f.name} must be {'a' if want is not int else 'an'} "
+                                f"{want.__name__}, got {v!r}")
 
     @property
     def num_drafts(self) -> int:
