@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 
 from .errors import UserError, run_cli
@@ -59,8 +60,8 @@ def main(argv: list[str] | None = None) -> int:
     check_device(args.device)
     if args.max_new_tokens < 1:
         raise UserError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
-    if args.temperature < 0 or not 0 < args.top_p <= 1:
-        raise UserError("--temperature must be >= 0 and --top-p in (0, 1]")
+    if not 0 <= args.temperature < math.inf or not 0 < args.top_p <= 1:     # (NaN fails too)
+        raise UserError("--temperature must be a finite number >= 0 and --top-p in (0, 1]")
     check_tree_nodes(args.tree_nodes, "--tree-nodes")
     torch.manual_seed(args.seed)
     from .data.eval_sets import load_eval_set

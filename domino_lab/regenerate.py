@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from pathlib import Path
 
 from .errors import UserError, run_cli
@@ -48,8 +49,8 @@ def main(argv: list[str] | None = None) -> int:
                         ("--max-new-tokens", args.max_new_tokens, 1), ("--batch-size", args.batch_size, 1)):
         if v < lo:
             raise UserError(f"{flag} must be at least {lo}, got {v}")
-    if args.temperature < 0:
-        raise UserError(f"--temperature must be >= 0, got {args.temperature}")
+    if not 0 <= args.temperature < math.inf:     # (NaN fails too)
+        raise UserError(f"--temperature must be a finite number >= 0, got {args.temperature}")
     if args.max_length is not None and args.max_length <= args.max_new_tokens:
         raise UserError(f"--max-length ({args.max_length}) must exceed --max-new-tokens ({args.max_new_tokens})")
     if args.threads is not None and args.threads < 1:

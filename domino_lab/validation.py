@@ -52,6 +52,23 @@ def check_number(value, name: str, low: float | None = None, high: float | None 
     return float(value)
 
 
+def check_token_ids(ids, vocab_size: int, what: str = "the prompt") -> list[int]:
+    """Prompt token ids as a list of ints, each a row of the target's embedding: [0, vocab_size). Integral floats and
+    tensor / numpy elements are taken; anything else is one error naming the first bad id."""
+    out = []
+    for t in ids:
+        try:
+            v = int(t)
+            ok = v == t and not isinstance(t, bool) and 0 <= v < vocab_size
+        except (TypeError, ValueError, OverflowError):
+            ok = False
+        if not ok:
+            raise UserError(f"{what} has token id {t!r}; ids must be whole numbers from 0 to {vocab_size - 1} "
+                            "(the target's vocabulary)")
+        out.append(v)
+    return out
+
+
 def check_device(device) -> "torch.device":
     """A torch device this machine has: 'cpu', 'cuda', 'cuda:1', 'mps', ..."""
     import torch

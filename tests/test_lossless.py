@@ -153,3 +153,25 @@ def test_prefill_scores_only_the_last_position(target):
     assert last.logits.shape == (1, 1, full.logits.shape[-1])
     torch.testing.assert_close(last.logits[:, -1], full.logits[:, -1])
     torch.testing.assert_close(last.features, full.features)
+
+
+def test_prompt_ids_and_temperature_outside_their_range_are_one_error(target):
+    """Token ids outside the target's vocabulary (or not whole numbers) and a NaN or infinite temperature are a
+    UserError naming the value, single and batched, not an indexing or sampling failure deep in a forward."""
+    from domino_lab.decoding.batched import batched_generate
+    from domino_lab.errors import UserError
+
+    v = target.vocab_size
+    for ids, word in (([5, v], f"token id {v}"), ([-1, 5], "token id -1"), ([5, 2.5], "token id 2.5"),
+                      ([5, "7"], "token id '7'")):
+        with pytest.raises(UserError, match=word):
+            speculative_generate(target, None, prompt_ids=ids, max_new_tokens=2)
+        with pytest.raises(UserError, match=word):
+            batched_generate(target, None, [[5, 6], ids], max_new_tokens=2)
+    # integral values of other integer-like types are taken as they are
+    ref = speculative_generate(target, None, prompt_ids=[5, 6], max_new_tokens=4).token_ids
+    assert speculative_generate(target, None, prompt_ids=torch.tensor([5, 6]), max_new_tokens=4).token_ids == ref
+    assert speculative_generate(target, None, prompt_ids=[5.0, 6], max_new_tokens=4).token_ids == ref
+    for temp in (float("nan"), float("inf"), -0.5):
+        with pytest.raises(UserError, match="temperature must be a finite number >= 0"):
+            speculative_generate(target, None, prompt_ids=[5, 6], max_new_tokens=2, temperature=temp)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import shutil
 import tempfile
@@ -269,8 +270,8 @@ def regenerate(target, prompts: Sequence[dict], out_dir: str | os.PathLike, *, m
 
     if max_new_tokens < 1:
         raise UserError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
-    if temperature < 0:
-        raise UserError(f"temperature must be >= 0, got {temperature}")
+    if not 0 <= temperature < math.inf:          # (NaN fails too)
+        raise UserError(f"temperature must be a finite number >= 0, got {temperature}")
     if batch_size < 1:
         raise UserError(f"batch_size must be at least 1, got {batch_size}")
     prompts = list(prompts)

@@ -18,7 +18,7 @@ import torch
 
 from .. import sampling
 from ..errors import UserError
-from ..validation import check_seed
+from ..validation import check_seed, check_token_ids
 from ..models.options import BATCH_DRAFTS
 from .adaptive import DraftCount
 from .kv_cache import new_cache
@@ -55,6 +55,7 @@ def batched_generate(target, drafter, prompts_ids: list[list[int]], max_new_toke
     `batch_drafts` inference option. Rows that finish leave the batch, so they cost nothing afterwards."""
     if not prompts_ids or any(len(p) == 0 for p in prompts_ids):
         raise UserError("every prompt of the batch needs at least one token")
+    prompts_ids = [check_token_ids(p, target.vocab_size, f"prompt {i}") for i, p in enumerate(prompts_ids)]
     if max_new_tokens < 1:
         raise UserError("max_new_tokens must be >= 1")
     drafts = drafts or (drafter.options.batch_drafts if drafter is not None else "all")

@@ -13,7 +13,7 @@ from typing import Callable
 import torch
 
 from ..errors import UserError
-from ..validation import check_seed
+from ..validation import check_seed, check_token_ids
 from .records import GenerationResult, StepRecord
 from . import tree as trees
 from .adaptive import PlainFallback
@@ -32,7 +32,7 @@ def prompt_token_ids(target, prompt: str | None = None, prompt_ids=None, what: s
             raise UserError(f"{what} is empty; give some text to continue")
         ids = target.encode(prompt)
     else:
-        ids = [int(t) for t in prompt_ids]
+        ids = check_token_ids(prompt_ids, target.vocab_size, what)
     if not ids:
         raise UserError(f"{what} is empty; give some text to continue")
     if len(ids) >= target.max_length:
