@@ -50,7 +50,7 @@ class Request:
         try:
             self.block_size, self.max_new_tokens = int(self.block_size), int(self.max_new_tokens)
             self.seed, self.temperature = int(self.seed or 0), float(self.temperature or 0.0)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):
             raise UserError("block size, max tokens and seed must be whole numbers, temperature a number") from None
         if not 1 <= self.max_new_tokens <= MAX_NEW_TOKENS:
             raise UserError(f"max tokens must be between 1 and {MAX_NEW_TOKENS}")
@@ -63,7 +63,7 @@ class Request:
         self.lookup = _optional_count(self.lookup, "lookup", "off", MAX_NGRAM)
         try:
             p_min = float(self.tree_min_prob or 0.0)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):
             raise UserError("tree min prob must be a number in [0, 1) (0 = fill the node budget)") from None
         self.tree_min_prob = InferenceOptions(tree_min_prob=p_min).tree_min_prob     # the options' own range check
         self.adaptive, self.tree_sampled = bool(self.adaptive), bool(self.tree_sampled)
@@ -77,7 +77,7 @@ def _optional_count(value, name: str, zero_means: str, most: int) -> int:
     """A whole number in [0, most] for a setting whose 0 turns a feature off (empty = 0)."""
     try:
         n = int(value or 0)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise UserError(f"{name} must be a whole number (0 = {zero_means})") from None
     if not 0 <= n <= most:
         raise UserError(f"{name} must be between 0 ({zero_means}) and {most}")

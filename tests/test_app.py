@@ -266,6 +266,10 @@ def test_seed_beyond_64_bits_is_a_user_error():
         with pytest.raises(UserError, match="seed must be a whole number between 0 and"):
             Request("def f():", "default", "default", seed=seed).checked()
     assert Request("def f():", "default", "default", seed=2 ** 64 - 1).checked().seed == 2 ** 64 - 1
+    # a number field can hand over an infinity (typed as 1e400): the same kind of error, not an OverflowError
+    for knob in ("seed", "tree_nodes", "lookup"):
+        with pytest.raises(UserError, match="whole number"):
+            Request("def f():", "default", "default", **{knob: float("inf")}).checked()
 
 
 def test_catalog_accepts_only_known_names(app):
