@@ -205,7 +205,10 @@ def test_bad_sweep_input_fails_before_anything_is_created(tmp_path, capsys):
         ({"pruner": {"type": "median", "warmup": 2}}, [], "pruner median"),
         ({}, ["--storage", "bogus://u:pw@host/db"], "--storage"),
         ({}, ["--seed", str(2 ** 40)], "seed"),
+        # a SQLite file whose folder cannot be made (a file stands where the folder would be)
+        ({}, ["--storage", f"sqlite:///{tmp_path / 'blocker' / 'optuna.db'}"], "cannot create the folder"),
     ]
+    (tmp_path / "blocker").write_text("")
     for spec, flags, msg in cases:
         (tmp_path / "s.yaml").write_text(yaml.safe_dump(good | spec))
         code, _, err = run(["--config", str(tmp_path / "s.yaml"), "--runs-dir", str(runs), *flags], capsys)
@@ -355,3 +358,17 @@ def test_parent_run_tags_survive_a_lost_insert_race(tmp_path, capsys):
     assert not log_to_shared_run(always_fails, run, "best/tau", 1.0)
     assert capsys.readouterr().err.strip().splitlines()[-1] == \
         "[sweep] could not log best/tau on the parent run: database is locked"
+
+
+def test_sqlite_storage_folder_is_made(tmp_path):
+    """SQLite creates no folders: a new one in a --storage URL is made when the worker starts, as MLflow's store
+    makes its own, instead of failing after the data has been prepared."""
+    from domino_lab.sweep.config import load_sweep
+    from domino_lab.sweep.runner import SweepRunner
+
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(
+        {"base_config": None, "space": {"drafter.rank": {"type": "int", "low": 4, "high": 16}}}))
+    db = tmp_path / "new" / "deeper" / "optuna.db"
+    sweep = load_sweep(tmp_path / "s.yaml", [f"storage=sqlite:///{db}"], runs_dir=tmp_path / "runs")
+    SweepRunner(sweep)
+    assert db.parent.is_dir()

@@ -24,7 +24,7 @@ from ..errors import UserError, mask_credentials
 from ..training.tracking import default_artifact_location, default_tracking_uri
 from .config import SweepConfig, base_values, trial_config
 from .space import make_pruner, make_sampler, suggest
-from .storage import file_lock, sweep_storage
+from .storage import file_lock, sqlite_path, sweep_storage
 from ..decoding.metrics import speedup_bound
 from .trial import TrialProgress, confirmable, drafter_costs
 
@@ -66,6 +66,12 @@ class SweepRunner:
         except OSError as e:
             raise UserError(f"cannot create sweep folder {self.dir}: {e.strerror}") from None
         self.storage_url = sweep.storage or f"sqlite:///{(Path(sweep.out_dir) / 'optuna.db').resolve()}"
+        db = sqlite_path(self.storage_url)
+        if db is not None:     # SQLite does not create folders (MLflow's store does): made here, before any work
+            try:
+                db.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as e:
+                raise UserError(f"cannot create the folder of Optuna storage {db}: {e.strerror}") from None
         self.tracking_uri = sweep.tracking_uri or default_tracking_uri(sweep.runs_dir)
         with self._setup_lock():
             self.client = MlflowClient(self.tracking_uri)      # creates MLflow's tables if the file is new
