@@ -52,18 +52,30 @@ def data_mismatches(runs: list[dict], a: str, b: str) -> list[str]:
     return out
 
 
-def load_seed(spec: str) -> dict:
-    """One seed's results: a compare_drafters.py JSON, or several joined with '+' (their drafters merged per set)."""
+def load_seed(spec: str, rename: dict[str, str] | None = None) -> dict:
+    """One seed's results: a compare_drafters.py JSON, or several joined with '+' (their drafters merged per set).
+    `rename` {old: new} gives drafters of different runs one name (e.g. one recipe labelled per seed)."""
+    rename = rename or {}
     merged: dict = {"sets": {}, "drafters": {}}
     for f in spec.split("+"):
         try:
             run = json.loads(Path(f).read_text())
         except (OSError, json.JSONDecodeError) as e:
             raise UserError(f"cannot read {f}: {e}") from None
-        merged["drafters"].update(run.get("drafters", {}))
+        merged["drafters"].update({rename.get(n, n): v for n, v in run.get("drafters", {}).items()})
         for s, res in run["sets"].items():
-            merged["sets"].setdefault(s, {}).update(res)
+            merged["sets"].setdefault(s, {}).update({rename.get(n, n): v for n, v in res.items()})
     return merged
+
+
+def parse_renames(items: list[str]) -> dict[str, str]:
+    out = {}
+    for item in items:
+        old, sep, new = item.partition("=")
+        if not sep or not old or not new:
+            raise UserError(f"--rename {item!r} must be OLD=NEW")
+        out[old] = new
+    return out
 
 
 def main(argv=None) -> int:
@@ -72,9 +84,13 @@ def main(argv=None) -> int:
                    help="compare_drafters.py JSON files, one per seed; A.json+B.json joins two runs of one seed "
                         "(drafters measured in separate invocations)")
     p.add_argument("--pair", nargs=2, action="append", required=True, metavar=("A", "B"))
+    p.add_argument("--rename", action="append", default=[], metavar="OLD=NEW",
+                   help="read drafter OLD as NEW in every run (repeat), so that one recipe labelled differently in "
+                        "each seed's file pools under one name")
     p.add_argument("--out", required=True, help="markdown output (JSON beside it)")
     args = p.parse_args(argv)
-    runs = [load_seed(spec) for spec in args.runs]
+    renames = parse_renames(args.rename)
+    runs = [load_seed(spec, renames) for spec in args.runs]
     result = {f"{a}_vs_{b}": summarize(runs, a, b) for a, b in args.pair}
     lines = [f"Seeds: {len(runs)} ({', '.join(args.runs)})", "",
              "| pair | set | τ ratio per seed | mean ± sd | pooled per-prompt Δτ (95% CI) | wins/losses |",

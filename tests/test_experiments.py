@@ -184,6 +184,16 @@ def test_seed_summary_joins_runs_of_one_seed_and_pairs_on_common_sets(tmp_path):
     assert seed_summary.main(["--runs", *files, "--pair", "new", "old", "--out", str(out)]) == 0
     notes = [x for x in out.read_text().splitlines() if x.startswith("Note:")]
     assert notes == ["Note: seed run 1: new was trained on data bbbb, old on aaaa."]
+    # one recipe labelled differently per seed pools under one name with --rename
+    c = tmp_path / "c.json"
+    c.write_text(json.dumps(run("newer", [9.0, 9.0, 9.0], ["math"])))
+    files.append(f"{c}+{tmp_path / 'b0.json'}")
+    assert seed_summary.main(["--runs", *files, "--rename", "newer=new", "--pair", "new", "old",
+                              "--out", str(out)]) == 0
+    res = json.loads(out.with_suffix(".json").read_text())["new_vs_old"]["math"]
+    assert res["n"] == 9 and len(res["ratios"]) == 3 and res["ratios"][2] == pytest.approx(9.0 / 3.0)
+    with pytest.raises(UserError, match="OLD=NEW"):
+        seed_summary.main(["--runs", *files, "--rename", "newer", "--pair", "new", "old", "--out", str(out)])
 
 
 def test_engine_overhead_pairs_bare_and_engine_per_prompt():
