@@ -56,6 +56,8 @@ def check_token_ids(ids, vocab_size: int, what: str = "the prompt") -> list[int]
     """Prompt token ids as a list of ints, each a row of the target's embedding: [0, vocab_size). Integral floats and
     tensor / numpy elements are taken; anything else is one error naming the first bad id."""
     out = []
+    if hasattr(ids, "tolist"):          # a tensor or array: its elements as Python numbers, in one call
+        ids = ids.tolist()
     for t in ids:
         try:
             v = int(t)
