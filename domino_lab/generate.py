@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 
 from .errors import UserError, run_cli
@@ -53,15 +52,15 @@ def main(argv: list[str] | None = None) -> int:
     from .decoding.tree import check_tree_nodes
     from .models import InferenceOptions, load_drafter
     from .target import use_decode_threads
-    from .validation import check_device, check_seed
+    from .validation import check_device, check_number, check_seed
 
     # every flag, then every prompt, is checked before anything is decoded or printed
     check_seed(args.seed, "--seed")
     check_device(args.device)
     if args.max_new_tokens < 1:
         raise UserError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
-    if not 0 <= args.temperature < math.inf or not 0 < args.top_p <= 1:     # (NaN fails too)
-        raise UserError("--temperature must be a finite number >= 0 and --top-p in (0, 1]")
+    check_number(args.temperature, "--temperature", low=0)
+    check_number(args.top_p, "--top-p", low=0, high=1, low_open=True)
     check_tree_nodes(args.tree_nodes, "--tree-nodes")
     torch.manual_seed(args.seed)
     from .data.eval_sets import load_eval_set

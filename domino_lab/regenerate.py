@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 from pathlib import Path
 
 from .errors import UserError, run_cli
+from .validation import TRAIN_SEED_MAX, check_device, check_number, check_seed
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -49,13 +49,11 @@ def main(argv: list[str] | None = None) -> int:
                         ("--max-new-tokens", args.max_new_tokens, 1), ("--batch-size", args.batch_size, 1)):
         if v < lo:
             raise UserError(f"{flag} must be at least {lo}, got {v}")
-    if not 0 <= args.temperature < math.inf:     # (NaN fails too)
-        raise UserError(f"--temperature must be a finite number >= 0, got {args.temperature}")
+    check_number(args.temperature, "--temperature", low=0)
     if args.max_length is not None and args.max_length <= args.max_new_tokens:
         raise UserError(f"--max-length ({args.max_length}) must exceed --max-new-tokens ({args.max_new_tokens})")
     if args.threads is not None and args.threads < 1:
         raise UserError(f"--threads must be at least 1, got {args.threads}")
-    from .validation import TRAIN_SEED_MAX, check_device, check_seed
 
     check_seed(args.seed, "--seed", TRAIN_SEED_MAX)     # per-batch seeds are derived from it (64-bit room)
     check_device(args.device)

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 import shutil
 import tempfile
@@ -34,6 +33,7 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 from ..errors import UserError, atomic_path
+from ..validation import check_number
 
 SHARD_DIR = "_shards"
 META = "meta.json"
@@ -270,8 +270,7 @@ def regenerate(target, prompts: Sequence[dict], out_dir: str | os.PathLike, *, m
 
     if max_new_tokens < 1:
         raise UserError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
-    if not 0 <= temperature < math.inf:          # (NaN fails too)
-        raise UserError(f"temperature must be a finite number >= 0, got {temperature}")
+    check_number(temperature, "temperature", low=0)
     if batch_size < 1:
         raise UserError(f"batch_size must be at least 1, got {batch_size}")
     prompts = list(prompts)
