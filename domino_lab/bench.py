@@ -68,6 +68,7 @@ class Bench:
         self.assistant, self.max_new, self.lookup = assistant, max_new_tokens, prompt_lookup_tokens
         self.tree_nodes = tree_nodes             # node budget of the *-tree methods
         self.sampling = sampling
+        self.batch_threads: dict[int, int] = {}   # batch size -> the intra-op threads its batched decoding ran with
         self.calls = 0
         # counts target forwards inside HF generate (one per verification for the assisted methods)
         target.model.register_forward_pre_hook(self._count)
@@ -183,21 +184,20 @@ def bench_set(b: Bench, prompts: list[dict], warmup: int, progress: bool = True)
     return res
 
 
-def bench_batched(b: Bench, prompts: list[dict], sizes: list[int], rounds: int = 1, progress: bool = True) -> dict:
+def bench_batched(b: Bench, prompts: list[dict], sizes: list[int], rounds: int = 1, progress: bool = True,
+                  threads: int | None = None) -> dict:
     """Throughput of batched decoding (ragged acceptance) for `ar` and our drafters at several batch sizes.
     Each size decodes the same prompts in consecutive batches, every method on a batch before the next batch (the
     order rotating per batch and per round, as the batch-1 bench rotates per prompt), `rounds` times: tokens/s is
     the median over rounds, the speedup the median of the per-round ratios (each against the `ar` run beside it),
     so a slow minute of the machine moves both sides of a ratio. Outputs are checked against `ar` (sampled decoding
     batches with the gumbel sampler only, whose seed fixes the text)."""
-    import statistics
-
     from tqdm.auto import tqdm
 
     from .decoding.batched import batched_generate
+    from .target import decode_threads, torch_threads
 
     ids = [b.target.encode(p["prompt"]) for p in prompts]
-    smp = b.sampling
     # our decoders that batch (the head's cost shows at batch 1, so its variants are left out here; tree
     # verification decodes one sequence at a time; the draft cutoff is a batch-1 chain option)
     methods = [m for m in b.methods if (m == "ar" or (m in b.drafters and b.drafters[m].supports_batched
@@ -208,38 +208,52 @@ def bench_batched(b: Bench, prompts: list[dict], sizes: list[int], rounds: int =
     bar = tqdm(total=sum(-(-len(ids) // size) for size in sizes) * rounds * len(methods), desc="batched",
                disable=not progress)
     for size in sizes:
-        starts = range(0, len(ids), size)
-        chunks = [ids[i:i + size] for i in starts]
-        per_round = {m: [] for m in methods}            # (tokens, wall) of each round
-        toks = {m: [] for m in methods}
-        lengths = {m: [] for m in methods}
-        for r in range(rounds):
-            tally = {m: [0, 0.0] for m in methods}
-            for c, chunk in enumerate(chunks):
-                k = (r + c) % len(methods)
-                for m in methods[k:] + methods[:k]:
-                    # row r of a batch samples with seed + its prompt's index, as at batch 1
-                    res = batched_generate(b.target, b.drafters.get(m), chunk, b.max_new,
-                                           temperature=smp.temperature, top_p=smp.top_p, sampler=smp.sampler,
-                                           seed=smp.seed + starts[c])
-                    bar.update()
-                    tally[m][0] += sum(map(len, res.token_ids))
-                    tally[m][1] += res.wall_time_s
-                    if r == 0:                         # greedy or gumbel: every round decodes the same tokens
-                        toks[m] += res.token_ids
-                        lengths[m] += [a for row_ in res.acceptance_lengths for a in row_]
-            for m in methods:
-                per_round[m].append(tally[m][0] / tally[m][1])
-        row = {}
-        for m in methods:
-            speeds = per_round[m]
-            row[m] = {"tokens_per_s": statistics.median(speeds), "tokens_per_s_rounds": speeds,
-                      "tau": sum(lengths[m]) / max(1, len(lengths[m])),
-                      "lossless": sum(t == a for t, a in zip(toks[m], toks["ar"])),
-                      "speedup_vs_ar": statistics.median(x / a for x, a in zip(speeds, per_round["ar"]))}
-        out[size] = row
+        # a batch's forwards are larger than one sequence's, so the thread count is chosen per batch size (`threads`
+        # None: measured, target.decode_threads) and every method of the size runs with it
+        with torch_threads(decode_threads(b.target, threads, rows=min(size, len(ids)))) as n_threads:
+            out[size] = _bench_size(b, ids, size, rounds, methods, bar)
+        b.batch_threads[size] = n_threads
     bar.close()
     return out
+
+
+def _bench_size(b: Bench, ids: list[list[int]], size: int, rounds: int, methods: list[str], bar) -> dict:
+    """bench_batched's measurement at one batch size: {method: its row}."""
+    import statistics
+
+    from .decoding.batched import batched_generate
+
+    smp = b.sampling
+    starts = range(0, len(ids), size)
+    chunks = [ids[i:i + size] for i in starts]
+    per_round = {m: [] for m in methods}            # (tokens, wall) of each round
+    toks = {m: [] for m in methods}
+    lengths = {m: [] for m in methods}
+    for r in range(rounds):
+        tally = {m: [0, 0.0] for m in methods}
+        for c, chunk in enumerate(chunks):
+            k = (r + c) % len(methods)
+            for m in methods[k:] + methods[:k]:
+                # row r of a batch samples with seed + its prompt's index, as at batch 1
+                res = batched_generate(b.target, b.drafters.get(m), chunk, b.max_new,
+                                       temperature=smp.temperature, top_p=smp.top_p, sampler=smp.sampler,
+                                       seed=smp.seed + starts[c])
+                bar.update()
+                tally[m][0] += sum(map(len, res.token_ids))
+                tally[m][1] += res.wall_time_s
+                if r == 0:                         # greedy or gumbel: every round decodes the same tokens
+                    toks[m] += res.token_ids
+                    lengths[m] += [a for row_ in res.acceptance_lengths for a in row_]
+        for m in methods:
+            per_round[m].append(tally[m][0] / tally[m][1])
+    row = {}
+    for m in methods:
+        speeds = per_round[m]
+        row[m] = {"tokens_per_s": statistics.median(speeds), "tokens_per_s_rounds": speeds,
+                  "tau": sum(lengths[m]) / max(1, len(lengths[m])),
+                  "lossless": sum(t == a for t, a in zip(toks[m], toks["ar"])),
+                  "speedup_vs_ar": statistics.median(x / a for x, a in zip(speeds, per_round["ar"]))}
+    return row
 
 
 def batched_table(results: dict, n_prompts: dict) -> str:
@@ -490,7 +504,7 @@ def main(argv: list[str] | None = None) -> int:
     from dataclasses import asdict, replace
 
     from .models import InferenceOptions, load_drafter
-    from .target import Target, use_decode_threads
+    from .target import Target, openmp_waits, use_decode_threads
 
     options = InferenceOptions.from_args(args)
     smp = Sampling(args.temperature, args.top_p, args.sampler, args.seed)
@@ -522,11 +536,12 @@ def main(argv: list[str] | None = None) -> int:
               smp)
     started = time.time()
     results = {s: bench_set(b, prompts, args.warmup) for s, prompts in sets.items()}
-    batched = ({s: bench_batched(b, prompts, args.batch_sizes, args.batch_rounds) for s, prompts in sets.items()}
-               if args.batch_sizes else {})
+    batched = ({s: bench_batched(b, prompts, args.batch_sizes, args.batch_rounds, threads=args.threads)
+                for s, prompts in sets.items()} if args.batch_sizes else {})
     meta = {"command": "python -m domino_lab.bench " + " ".join(argv if argv is not None else sys.argv[1:]),
             "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, {torch.get_num_threads()} torch "
-                       f"threads, torch {torch.__version__}", "date": time.strftime("%Y-%m-%d %H:%M"),
+                       f"threads ({openmp_waits()}), torch {torch.__version__}",
+            "date": time.strftime("%Y-%m-%d %H:%M"),
             "target": args.target, "drafters": {m: spec for m, (spec, _) in specs.items()},
             "options": {m: asdict(o) for m, (_, o) in specs.items()},
             "domino_head": asdict(drafters["domino"].options) if "domino" in drafters else None,
@@ -535,7 +550,9 @@ def main(argv: list[str] | None = None) -> int:
             "tree_nodes": args.tree_nodes if set(TREE_METHODS) & set(methods) else None,
             # our decoders read greedy tokens through the half-precision head screen where the head allows it
             # (exact; docs/design.md#greedy-head-screen); the hf methods always read the full head
-            "lm_head": "screen" if target.screen is not None else "full"}
+            "lm_head": "screen" if target.screen is not None else "full",
+            # the batch-1 rows ran with the machine line's threads, batched decoding with these per batch size
+            "batched_threads": b.batch_threads}
     from .config import default_runs_dir
 
     out = Path(args.out) if args.out else default_runs_dir() / "bench"
@@ -565,7 +582,8 @@ def main(argv: list[str] | None = None) -> int:
     text = (f"`{meta['command']}`\n\n{meta['machine']}; {meta['date']}; {meta['wall_s']} s; {smp.describe()}"
             + (f"; greedy LM head: {meta['lm_head']}" if smp.temperature == 0 else "") + f"\n\n{md}\n\n"
             + ("\n".join(notes) + "\n\n" if notes else agreement(smp) + "\n\n")
-            + (f"Batched decoding (ragged acceptance; same prompts in consecutive batches):\n\n"
+            + (f"Batched decoding (ragged acceptance; same prompts in consecutive batches; torch threads per batch "
+               f"size: {', '.join(f'{k}: {v}' for k, v in b.batch_threads.items())}):\n\n"
                f"{batched_table(batched, {s: len(p) for s, p in sets.items()})}\n\n" if batched else "")
             + (projection_table(proj, args.project) + "\n\n" if proj else "")
             + "\n".join(f"![{p.stem}]({p.name})" for p in pngs) + "\n")

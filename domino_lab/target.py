@@ -44,22 +44,85 @@ def default_tap_layers(num_layers: int, k: int = 5) -> list[int]:
     return sorted({round(lo + i * (hi - lo) / (k - 1)) for i in range(k)})
 
 
-# Below this many parameters a CPU decode is dispatch-bound: a forward's ops are too small to split across cores,
-# and on the 2-core machine a second intra-op thread makes multi-token forwards (verification, drafting) ~1.4x
-# slower while a one-token step is unchanged (docs/design.md#threads-for-small-targets).
+# Below this many parameters a CPU decode is dispatch-bound: one sequence's forwards are too small to split across
+# cores, and a second intra-op thread made the 9-token verify ~1.4x slower under passive OpenMP waits (the package's
+# default) and no faster under spinning ones. A batch's forwards are larger, and whether they gain from more threads
+# depends on the OpenMP wait policy and the machine, so that is measured (docs/design.md#threads-for-small-targets).
 SMALL_TARGET_PARAMS = 50_000_000
 _DEFAULT_THREADS = torch.get_num_threads()     # torch's own choice (OMP_NUM_THREADS or the cores), before any change
+# more threads must make decoding's forwards this much faster to be chosen: one thread is deterministic and leaves the
+# other cores to the rest of the machine
+THREADS_MARGIN = 0.95
 
 
-def decode_threads(target: "Target", requested: int | None = None) -> int:
-    """Intra-op threads for decoding with `target`: `requested` if given, else 1 for a small target on a CPU, else
-    torch's default (all cores)."""
+def decode_threads(target: "Target", requested: int | None = None, rows: int = 1) -> int:
+    """Intra-op threads for decoding `rows` sequences at a time with `target`: `requested` if given; else, for a
+    small target on a CPU, 1 for one sequence and, for a batch, whichever of 1 and torch's default count runs its
+    forwards faster here (measured once per target and row count, `measure_threads`); else torch's default (all
+    cores)."""
     if requested is not None:
         if requested < 1:
             raise UserError(f"--threads must be at least 1, got {requested}")
         return requested
     small = sum(p.numel() for p in target.model.parameters()) < SMALL_TARGET_PARAMS
-    return 1 if small and target.device.type == "cpu" else _DEFAULT_THREADS
+    if not small or target.device.type != "cpu":
+        return _DEFAULT_THREADS
+    if rows == 1 or _DEFAULT_THREADS == 1:
+        return 1
+    chosen = target.__dict__.setdefault("_decode_threads", {})
+    if rows not in chosen:
+        chosen[rows] = pick_threads(measure_threads(target, (1, _DEFAULT_THREADS), rows))
+    return chosen[rows]
+
+
+def openmp_waits() -> str:
+    """How idle OpenMP threads wait in this process, as the environment set it before torch started: what a
+    benchmark records beside its thread count (docs/design.md#threads-for-small-targets)."""
+    import os
+
+    spin, policy = os.environ.get("GOMP_SPINCOUNT"), os.environ.get("OMP_WAIT_POLICY")
+    if spin is not None:
+        return f"GOMP_SPINCOUNT={spin}"
+    return f"OMP_WAIT_POLICY={policy}" if policy else "libgomp default"
+
+
+def pick_threads(seconds: dict[int, float]) -> int:
+    """The thread count to decode with, from the measured time of the same work at each count: the fewest threads
+    unless more are faster by more than THREADS_MARGIN."""
+    fewest = min(seconds)
+    best = min(seconds, key=lambda n: (seconds[n], n))
+    return best if seconds[best] < THREADS_MARGIN * seconds[fewest] else fewest
+
+
+@torch.no_grad()
+def measure_threads(target: "Target", counts: tuple[int, ...], rows: int = 1, reps: int = 6,
+                    blocks: int = 2) -> dict[int, float]:
+    """Seconds per round of decoding's two kinds of forward, a one-token step and a 9-token verify, for `rows`
+    sequences over a 64-token cache, at each thread count: the median over `blocks` blocks per count, run in
+    alternation so that a slow moment of the machine hits every count, of `reps` rounds each after two warm-up
+    rounds (a count's first forwards after a change wake its threads and are not what a decode at that count sees);
+    on the embedded target about 0.7 s for 4 rows and 1.7 s for 16."""
+    import time
+
+    from transformers import DynamicCache
+
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, target.vocab_size, (rows, 64), generator=g).to(target.device)
+    one, nine = ids[:, :1], ids[:, :9]
+    times: dict[int, list[float]] = {n: [] for n in counts}
+    for _ in range(blocks):
+        for n in counts:
+            with torch_threads(n):
+                cache = DynamicCache(config=target.model.config)
+                target.forward(ids, cache=cache, last_logits_only=True, greedy=True)
+                for rep in range(reps + 2):
+                    t0 = time.perf_counter()
+                    for x in (one, nine):
+                        target.forward(x, cache=cache, greedy=True)
+                        cache.crop(-x.shape[1])
+                    if rep >= 2:
+                        times[n].append(time.perf_counter() - t0)
+    return {n: sorted(v)[len(v) // 2] for n, v in times.items()}
 
 
 def use_decode_threads(target: "Target", requested: int | None = None) -> int:
@@ -86,8 +149,9 @@ def torch_threads(n: int | None):
 def add_threads_arg(p) -> None:
     """--threads for a CLI that decodes (pass its value to use_decode_threads)."""
     p.add_argument("--threads", type=int, default=None,
-                   help="torch intra-op threads (default: 1 for a target under 50M parameters on a CPU, else all "
-                        "cores; docs/design.md#threads-for-small-targets)")
+                   help="torch intra-op threads (default: for a target under 50M parameters on a CPU, 1, and for "
+                        "batched decoding 1 or all cores, whichever measures faster; else all cores; "
+                        "docs/design.md#threads-for-small-targets)")
 
 
 @dataclass

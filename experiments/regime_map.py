@@ -14,8 +14,8 @@ quantity is the median wall time over interleaved repetitions with a 128-token c
 decode; the drafter is an untrained Domino drafter shaped for the target (two draft layers as shipped, 3 taps, the
 fused head with its 64-token candidate pool) drafting over an FR-Spec list: 1,024 ids for the embedded default (as the
 shipped drafters) and `--frspec-k` ids (default 32,768, FR-Spec's size for a 152K vocabulary) for the others,
-chosen at random (timing only). Threads per shape as decoding picks them (`target.use_decode_threads`: one for the
-embedded default, both cores for the larger shapes) unless `--threads` says otherwise. The bound is what the
+chosen at random (timing only). Threads per shape as decoding picks them (`target.use_decode_threads`: one thread or both
+cores for the embedded default, whichever measures faster, both cores for the larger shapes) unless `--threads` says otherwise. The bound is what the
 engine delivers when it adds no overhead (the committed bench measures 96–102% of it on the embedded default).
 A tree step is timed as the engine runs it: the backbone pass and the best-first tree (`build_tree`, the head
 stepping along every kept branch), then one target forward over the anchor and the N nodes with the tree's

@@ -124,3 +124,15 @@ def tiny_sweep_yaml(root, n_trials: int, data_path: str | None = None, **extra):
     path = root / "sweep.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path, cfg
+
+
+def experiment_script(name: str):
+    """experiments/<name>.py loaded as a module (the scripts are not a package), for tests that call its main()."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "experiments" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"{name}_experiment", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod

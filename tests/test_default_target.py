@@ -71,18 +71,31 @@ def test_shipped_assistant_shares_the_target_vocabulary(target):
     assert out.tolist() == plain.tolist()
 
 
-def test_decode_threads_small_target_uses_one_thread(target):
-    """A small CPU target decodes on one intra-op thread unless asked otherwise (docs/design.md#threads-...)."""
+def test_decode_threads_small_target_is_measured(target, monkeypatch):
+    """A small CPU target decodes one sequence on 1 thread, and a batch with 1 thread or torch's default count,
+    whichever measured faster (once per target and batch rows), unless a count is asked for
+    (docs/design.md#threads-for-small-targets)."""
     import torch
 
+    from domino_lab import target as tg
     from domino_lab.errors import UserError
-    from domino_lab.target import SMALL_TARGET_PARAMS, decode_threads
 
-    assert sum(p.numel() for p in target.model.parameters()) < SMALL_TARGET_PARAMS
-    assert decode_threads(target) == 1
-    assert decode_threads(target, 3) == 3
+    assert sum(p.numel() for p in target.model.parameters()) < tg.SMALL_TARGET_PARAMS
+    assert tg.decode_threads(target, 3) == 3
     with pytest.raises(UserError, match="--threads"):
-        decode_threads(target, 0)
+        tg.decode_threads(target, 0)
+    monkeypatch.setattr(tg, "_DEFAULT_THREADS", 2)
+    calls = []
+
+    def fake(t, counts, rows=1, reps=5):
+        calls.append(rows)
+        return {1: 1.0, 2: 0.8} if rows > 4 else {1: 1.0, 2: 0.97}     # two threads pay for 16 rows only
+    monkeypatch.setattr(tg, "measure_threads", fake)
+    monkeypatch.delitem(target.__dict__, "_decode_threads", raising=False)
+    assert tg.decode_threads(target) == 1                                  # one sequence: not measured
+    assert tg.decode_threads(target, rows=4) == 1 and tg.decode_threads(target, rows=16) == 2
+    assert tg.decode_threads(target, rows=4) == 1 and tg.decode_threads(target, rows=16) == 2
+    assert calls == [4, 16]                                                # measured once per row count
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(2)
@@ -91,3 +104,37 @@ def test_decode_threads_small_target_uses_one_thread(target):
         assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)
+        target.__dict__.pop("_decode_threads", None)
+
+
+def test_pick_threads_needs_a_clear_gain():
+    from domino_lab.target import THREADS_MARGIN, pick_threads
+
+    assert pick_threads({1: 1.0, 2: 0.8}) == 2
+    assert pick_threads({1: 1.0, 2: THREADS_MARGIN + 0.01}) == 1                # within the margin: one thread
+    assert pick_threads({1: 1.0, 2: 1.3}) == 1
+    assert pick_threads({1: 1.0}) == 1
+
+
+def test_measure_threads_times_each_count(target):
+    import torch
+
+    from domino_lab.target import measure_threads
+
+    before = torch.get_num_threads()
+    m = measure_threads(target, (1, 2), rows=2, reps=1)
+    assert set(m) == {1, 2} and all(v > 0 for v in m.values())
+    assert torch.get_num_threads() == before                               # the caller's count is restored
+
+
+def test_openmp_waits_names_the_policy(monkeypatch):
+    from domino_lab.target import openmp_waits
+
+    monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
+    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")
+    assert openmp_waits() == "OMP_WAIT_POLICY=PASSIVE"
+    monkeypatch.setenv("GOMP_SPINCOUNT", "300000")            # overrides the policy in libgomp
+    assert openmp_waits() == "GOMP_SPINCOUNT=300000"
+    monkeypatch.delenv("GOMP_SPINCOUNT")
+    monkeypatch.delenv("OMP_WAIT_POLICY")
+    assert openmp_waits() == "libgomp default"

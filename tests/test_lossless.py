@@ -144,6 +144,31 @@ def test_batched_equals_per_sequence(target, plain, trained, method, drafts):
                 assert any(len(set(step)) > 1 for step in zip(*res.acceptance_lengths)), "no ragged step"
 
 
+@pytest.mark.parametrize("count", [0, 2])
+def test_batched_fixed_draft_count(target, plain, trained, count):
+    """A fixed draft count verifies at most that many drafts per step (0: plain steps, the drafter never runs) and
+    leaves every row equal to its own greedy decoding; a count outside 0..the drafter's drafts is one clear error."""
+    from domino_lab.decoding.batched import batched_generate
+    from domino_lab.errors import UserError
+
+    d = trained["domino", True]
+    prompts = PROMPTS[:10]
+    for i in range(0, len(prompts), 5):
+        batch = prompts[i:i + 5]
+        res = batched_generate(target, d, batch, max_new_tokens=24, drafts=count)
+        for p, toks in zip(batch, res.token_ids):
+            assert toks == plain[tuple(p)], (count, p)
+        lengths = [a for row in res.acceptance_lengths for a in row]
+        assert max(lengths) <= count + 1
+    if count:
+        assert max(lengths) > 1                     # drafts were accepted
+    for bad in (-1, d.config.num_drafts + 1):
+        with pytest.raises(UserError, match="fixed draft count"):
+            batched_generate(target, d, prompts[:2], 4, drafts=bad)
+    with pytest.raises(UserError, match="fixed draft count"):
+        batched_generate(target, None, prompts[:2], 4, drafts=1)
+
+
 def test_prefill_scores_only_the_last_position(target):
     """A prefill asks for the last position's logits only (the model's logits_to_keep); they are the full
     forward's last row, and the tapped features still cover every position."""

@@ -1,22 +1,17 @@
 """experiments/speed_pair.py: two drafters decode the same prompts in alternating order; the per-prompt ratio is
 their wall-time ratio, summarised as a geometric mean with an interval; bad arguments get one error line."""
-import importlib.util
 import json
 import math
-from pathlib import Path
 
 import pytest
 import torch
 
+from core_helpers import experiment_script
 from domino_lab.errors import UserError
 
 
 def _module():
-    path = Path(__file__).resolve().parents[1] / "experiments" / "speed_pair.py"
-    spec = importlib.util.spec_from_file_location("speed_pair_experiment", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return experiment_script("speed_pair")
 
 
 def test_speed_pair_reports_paired_ratios(tmp_path):

@@ -50,17 +50,27 @@ def batched_generate(target, drafter, prompts_ids: list[list[int]], max_new_toke
     `speculative_generate` emits for its prompt with seed `seed + r` and the gumbel sampler, with or without a
     drafter.
 
-    drafts: how many drafts each step verifies, "all" (the drafter's whole block) or "adaptive" (the count that
-    maximises measured tokens per second, decoding/adaptive.py; 0 = a plain step); None = the drafter's
-    `batch_drafts` inference option. Rows that finish leave the batch, so they cost nothing afterwards."""
+    drafts: how many drafts each step verifies, "all" (the drafter's whole block), "adaptive" (the count that
+    maximises measured tokens per second, decoding/adaptive.py; 0 = a plain step) or a whole number 0..the drafter's
+    drafts (that many every step: what the adaptive count is measured against, experiments/batch_drafts.py); None =
+    the drafter's `batch_drafts` inference option. Rows that finish leave the batch, so they cost nothing
+    afterwards."""
     if not prompts_ids or any(len(p) == 0 for p in prompts_ids):
         raise UserError("every prompt of the batch needs at least one token")
     prompts_ids = [check_token_ids(p, target.vocab_size, f"prompt {i}") for i, p in enumerate(prompts_ids)]
     if max_new_tokens < 1:
         raise UserError("max_new_tokens must be >= 1")
-    drafts = drafts or (drafter.options.batch_drafts if drafter is not None else "all")
-    if drafts not in BATCH_DRAFTS:
-        raise UserError(f"unknown batch drafts policy '{drafts}'; use one of {list(BATCH_DRAFTS)}")
+    if drafts is None:
+        drafts = drafter.options.batch_drafts if drafter is not None else "all"
+    fixed = None                                   # a fixed draft count, when `drafts` is a number
+    if isinstance(drafts, int) and not isinstance(drafts, bool):
+        most = drafter.config.num_drafts if drafter is not None else 0
+        if not 0 <= drafts <= most:
+            raise UserError(f"a fixed draft count must be a whole number from 0 to the drafter's {most} drafts, got "
+                            f"{drafts}")
+        fixed = drafts
+    elif drafts not in BATCH_DRAFTS:
+        raise UserError(f"unknown batch drafts policy {drafts!r}; use one of {list(BATCH_DRAFTS)} or a draft count")
     sampling.check_sampling(temperature, top_p, sampler)
     if temperature > 0 and sampler != "gumbel":
         raise UserError("batched decoding samples with the gumbel sampler only (rejection sampling is decoded one "
@@ -143,7 +153,7 @@ def batched_generate(target, drafter, prompts_ids: list[list[int]], max_new_toke
                 draft_valid = draft_valid[sel]
             pending = [tuple(x[sel] for x in chunk) for chunk in pending]
         room = max(budget[r] - len(tokens[r]) for r in live) - 1     # the bonus token takes the last slot
-        n = min(n_drafts, room)
+        n = min(n_drafts if fixed is None else fixed, room)
         taken = sum(c[0].shape[1] for c in pending)                  # context positions the next draft takes in
         copies = [lookups[r].offer(n) for r in live] if lookups is not None and n > 0 else None
         # every row repeats itself: verify the copies and leave the drafter out (its context waits)

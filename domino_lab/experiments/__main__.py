@@ -35,8 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--tracking-uri", help="MLflow tracking URI for the training runs (default "
                                           "sqlite:///<runs folder>/mlflow.db)")
     r.add_argument("--threads", type=int, default=None,
-                   help="torch threads (default: all cores for training; 1 for decoding with a small CPU target, "
-                        "docs/design.md#threads-for-small-targets)")
+                   help="torch threads (default: all cores for training; for decoding with a small CPU target 1 or "
+                        "all cores, whichever measures faster, docs/design.md#threads-for-small-targets)")
     r.add_argument("--no-progress", action="store_true")
     rep = sub.add_parser("report", help="re-render NAME.md from NAME.json (after editing the spec's reading)")
     rep.add_argument("name")
