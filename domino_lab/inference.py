@@ -4,7 +4,8 @@ prompt, so the same code runs on CPU, on a GPU (bf16 via `precision`), and data-
     from domino_lab.inference import predict
     rows = predict("default", "default", "math", max_new_tokens=128)          # one dict per prompt
 
-or `python -m domino_lab.inference --prompts math --out runs/predict.jsonl [--devices 2 --strategy ddp]`.
+or `python -m domino_lab.inference --prompts math --out runs/predict.jsonl [--devices 2 --strategy ddp]`; with
+`--batched --batch-size N` each batch's prompts are decoded together (decoding/batched.py).
 """
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ class SpeculativeDecoder(pl.LightningModule):
 
     def __init__(self, target, drafter=None, max_new_tokens: int = 128, temperature: float = 0.0,
                  top_p: float = 1.0, block_size: int | None = None, seed: int = 0, steps: bool = True,
-                 tree_nodes: int = 0, sampler: str = "rejection"):
+                 tree_nodes: int = 0, sampler: str = "rejection", batched: bool = False):
         super().__init__()
         self.target, self.drafter = target, drafter
         # registered as submodules so Lightning moves them to the device (and casts them for the precision)
@@ -41,14 +42,18 @@ class SpeculativeDecoder(pl.LightningModule):
         from .sampling import check_sampling
 
         check_sampling(temperature, top_p, sampler, drafter is not None and drafter.options.tree_sampled)
+        if batched:
+            check_batched(drafter, tree_nodes, temperature, sampler, block_size, steps)
         self.gen = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, block_size=block_size,
                         tree_nodes=tree_nodes, sampler=sampler)
-        self.seed, self.steps = seed, steps
+        self.seed, self.steps, self.batched = seed, steps, batched
 
     def predict_step(self, batch: list[dict], batch_idx: int, dataloader_idx: int = 0) -> list[dict]:
         from .decoding import speculative_generate
         from .decoding.engine import RECORD_TOPK
 
+        if self.batched:
+            return self._batched_step(batch, batch_idx)
         out = []
         for i, row in enumerate(batch):
             res = speculative_generate(self.target, self.drafter, prompt=row["prompt"],
@@ -56,6 +61,49 @@ class SpeculativeDecoder(pl.LightningModule):
                                        topk=RECORD_TOPK if self.steps else 0, **self.gen)
             out.append({"id": row["id"], "rank": self.global_rank} | res.to_dict(steps=self.steps))
         return out
+
+    def _batched_step(self, batch: list[dict], batch_idx: int) -> list[dict]:
+        """The batch's prompts decoded together (decoding/batched.py): the same tokens as one at a time, row i
+        seeded as the one-at-a-time path seeds it. A row's wall time is its batch's, shared with the other rows."""
+        from .decoding.batched import batched_generate
+        from .decoding.engine import prompt_token_ids
+
+        g = self.gen
+        ids = [prompt_token_ids(self.target, row["prompt"], what=f"prompt {row['id']!r}") for row in batch]
+        res = batched_generate(self.target, self.drafter, ids, g["max_new_tokens"], temperature=g["temperature"],
+                               top_p=g["top_p"], seed=self.seed + batch_idx * len(batch), sampler=g["sampler"])
+        out = []
+        for row, toks, lengths, reason in zip(batch, res.token_ids, res.acceptance_lengths, res.stop_reasons):
+            text = self.target.decode(toks) if self.target.tokenizer else ""
+            out.append({"id": row["id"], "rank": self.global_rank, "token_ids": toks, "text": text,
+                        "acceptance_lengths": lengths,
+                        "mean_acceptance_length": sum(lengths) / len(lengths) if lengths else 0.0,
+                        "target_forward_calls": 1 + len(lengths), "wall_time_s": res.wall_time_s,
+                        "prefill_time_s": None, "tokens_per_s": len(toks) / res.wall_time_s if res.wall_time_s else 0.0,
+                        "num_new_tokens": len(toks), "stop_reason": reason, "batch_size": len(batch)})
+        return out
+
+
+def check_batched(drafter, tree_nodes: int, temperature: float, sampler: str, block_size: int | None,
+                  steps: bool) -> None:
+    """What decoding a batch's prompts together cannot do, as one error each (before Lightning starts)."""
+    if tree_nodes:
+        raise UserError("batched inference verifies chains; tree verification decodes one sequence at a time: "
+                        "drop --batched or use --tree-nodes 0")
+    if temperature > 0 and sampler != "gumbel":
+        raise UserError("batched inference samples with the gumbel sampler only: pass --sampler gumbel, "
+                        "temperature 0, or drop --batched")
+    if drafter is not None and not drafter.supports_batched:
+        raise UserError(f"the '{drafter.config.method}' drafter cannot decode batches (its caches cannot hold "
+                        "ragged rows): drop --batched")
+    opts = drafter.options if drafter is not None else None
+    if block_size is not None or (opts is not None and opts.block_size is not None):
+        raise UserError("batched inference drafts the drafter's own block: drop --block-size or --batched")
+    if opts is not None and opts.draft_cutoff:
+        raise UserError("the draft cutoff is a one-sequence option; batched inference chooses its draft count per "
+                        "step itself: drop --draft-cutoff or --batched")
+    if steps:
+        raise UserError("batched inference keeps no per-step records: pass steps=False")
 
 
 def _collate(rows: list[dict]) -> list[dict]:
@@ -65,11 +113,13 @@ def _collate(rows: list[dict]) -> list[dict]:
 def predict(target, drafter, prompts, *, max_new_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0,
             block_size: int | None = None, seed: int = 0, batch_size: int = 1, accelerator: str = "auto",
             devices="auto", strategy: str = "auto", precision: str | None = None, dtype: str | None = None,
-            steps: bool = True, options=None, tree_nodes: int = 0, sampler: str = "rejection") -> list[dict]:
+            steps: bool = True, options=None, tree_nodes: int = 0, sampler: str = "rejection",
+            batched: bool = False) -> list[dict]:
     """Decode an eval set (name, JSONL path or list of {id, prompt}) with `Trainer.predict`; returns this
     process's rows (all rows on a single device; each rank's share under data parallelism). `options`: the
     InferenceOptions a drafter given by name runs with; `tree_nodes` > 0 verifies draft trees of that many nodes;
-    `sampler` how T > 0 verifies (speculative_generate)."""
+    `sampler` how T > 0 verifies (speculative_generate). `batched`: each batch of `batch_size` prompts is decoded
+    together (decoding/batched.py: same tokens, no per-step records, so `steps` must be False)."""
     from .data.eval_sets import load_eval_set
     from .models import load_drafter
     from .target import Target
@@ -82,7 +132,7 @@ def predict(target, drafter, prompts, *, max_new_tokens: int = 128, temperature:
     if isinstance(drafter, str):
         drafter = load_drafter(drafter, target, options=options)
     module = SpeculativeDecoder(target, drafter, max_new_tokens, temperature, top_p, block_size, seed, steps,
-                                tree_nodes, sampler)
+                                tree_nodes, sampler, batched)
     trainer = pl.Trainer(accelerator=accelerator, devices=devices, strategy=strategy,
                          precision=precision or "32-true", logger=False, enable_checkpointing=False,
                          enable_progress_bar=sys.stderr.isatty(), enable_model_summary=False)
@@ -103,6 +153,9 @@ def main(argv=None) -> int:
     from .decoding.engine import add_sampler_arg
     add_sampler_arg(p)
     p.add_argument("--batch-size", type=int, default=1)
+    p.add_argument("--batched", action="store_true",
+                   help="decode each batch's prompts together (batched decoding: the same tokens, throughput at "
+                        "larger batches, no per-step records in the output)")
     p.add_argument("--accelerator", default="auto")
     p.add_argument("--devices", default="auto")
     p.add_argument("--strategy", default="auto")
@@ -133,7 +186,8 @@ def main(argv=None) -> int:
     out = predict(target, args.drafter, rows, max_new_tokens=args.max_new_tokens,
                   temperature=args.temperature, batch_size=args.batch_size, accelerator=args.accelerator,
                   devices=devices, strategy=args.strategy, precision=args.precision, dtype=args.dtype,
-                  options=InferenceOptions.from_args(args), tree_nodes=args.tree_nodes, sampler=args.sampler)
+                  options=InferenceOptions.from_args(args), tree_nodes=args.tree_nodes, sampler=args.sampler,
+                  batched=args.batched, steps=not args.batched)
     path = Path(args.out)
     rank = out[0]["rank"] if out else 0
     if rank:

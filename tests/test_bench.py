@@ -2,6 +2,7 @@
 import json
 
 import pytest
+import torch
 
 from domino_lab import Drafter, Target, speculative_generate
 from domino_lab.errors import run_cli
@@ -184,3 +185,54 @@ def test_predict_data_parallel_two_cpu_processes(dirs, tmp_path):
     texts = {json.loads(x)["id"]: json.loads(x)["prompt"] for x in open(prompts)}
     for r in rows:
         assert r["token_ids"] == speculative_generate(target, None, prompt=texts[r["id"]], max_new_tokens=12).token_ids
+
+
+def test_predict_batched_matches_one_at_a_time(dirs):
+    """--batched decodes a Lightning batch's prompts together: the same tokens (greedy, and gumbel-sampled with
+    the same per-row seeds) as one prompt at a time, without per-step records; what it cannot do is one error."""
+    from domino_lab.errors import UserError
+    from domino_lab.inference import predict
+
+    from domino_lab.models import InferenceOptions
+
+    root, tdir, _, prompts = dirs
+    target = Target.from_pretrained(tdir, dtype="float64")
+    drafter = Drafter.from_pretrained(root / "domino", target)
+    cutoff = InferenceOptions(draft_cutoff=0.3)
+    for kw in ({}, {"temperature": 1.0, "sampler": "gumbel", "seed": 5}):
+        one = predict(target, drafter, prompts, max_new_tokens=16, accelerator="cpu", devices=1, batch_size=2,
+                      steps=False, **kw)
+        together = predict(target, drafter, prompts, max_new_tokens=16, accelerator="cpu", devices=1, batch_size=2,
+                           steps=False, batched=True, **kw)
+        assert [r["id"] for r in together] == ["p0", "p1", "p2"]
+        for a, b in zip(one, together):
+            assert a["token_ids"] == b["token_ids"] and a["text"] == b["text"], kw
+            assert a["stop_reason"] == b["stop_reason"]
+            assert sum(b["acceptance_lengths"]) + 1 == len(b["token_ids"]) == b["num_new_tokens"]
+            assert "steps" not in b
+        assert [r["batch_size"] for r in together] == [2, 2, 1]
+    for bad, match in (({"tree_nodes": 4}, "tree"), ({"temperature": 1.0}, "gumbel"), ({"steps": True}, "records"),
+                       ({"block_size": 4}, "block"), ({"drafter": str(root / "domino"), "options": cutoff}, "cutoff")):
+        kw = {"drafter": drafter, "steps": False} | bad
+        with pytest.raises(UserError, match=match):
+            predict(target, prompts=prompts, max_new_tokens=4, accelerator="cpu", devices=1, batched=True, **kw)
+
+
+def test_inference_cli_batched(dirs, tmp_path, capsys):
+    from domino_lab.errors import UserError
+    from domino_lab.inference import main
+
+    root, tdir, _, prompts = dirs
+    out = tmp_path / "pred.jsonl"
+    base = ["--target", tdir, "--dtype", "float64", "--drafter", str(root / "domino"), "--prompts", prompts,
+            "--max-new-tokens", "8", "--accelerator", "cpu", "--devices", "1", "--threads", "1"]
+    threads = torch.get_num_threads()
+    try:
+        assert main(base + ["--out", str(out), "--batched", "--batch-size", "3"]) == 0
+        rows = [json.loads(x) for x in out.read_text().splitlines()]
+        assert [r["batch_size"] for r in rows] == [3, 3, 3] and all("steps" not in r for r in rows)
+        with pytest.raises(UserError, match="tree"):
+            main(base + ["--out", str(tmp_path / "bad.jsonl"), "--batched", "--tree-nodes", "4"])
+        assert not (tmp_path / "bad.jsonl").exists()
+    finally:
+        torch.set_num_threads(threads)          # the CLI sets its decoding threads for the process
