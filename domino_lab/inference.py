@@ -53,17 +53,21 @@ class SpeculativeDecoder(pl.LightningModule):
         from .decoding.engine import RECORD_TOPK
 
         if self.batched:
-            return self._batched_step(batch, batch_idx)
+            return self._batched_step(batch)
         out = []
-        for i, row in enumerate(batch):
-            res = speculative_generate(self.target, self.drafter, prompt=row["prompt"],
-                                       seed=self.seed + batch_idx * len(batch) + i,
+        for row in batch:
+            res = speculative_generate(self.target, self.drafter, prompt=row["prompt"], seed=self._seed(row),
                                        topk=RECORD_TOPK if self.steps else 0, **self.gen)
             out.append({"id": row["id"], "rank": self.global_rank} | res.to_dict(steps=self.steps))
         return out
 
-    def _batched_step(self, batch: list[dict], batch_idx: int) -> list[dict]:
-        """The batch's prompts decoded together (decoding/batched.py): the same tokens as one at a time, row i
+    def _seed(self, row: dict) -> int:
+        """A prompt's sampling seed: `seed` + its place in the prompts `predict` was given, so that its sample does not
+        depend on the batch size, on which rank decodes it, or on decoding it alone or in a batch."""
+        return self.seed + row.get("_index", 0)
+
+    def _batched_step(self, batch: list[dict]) -> list[dict]:
+        """The batch's prompts decoded together (decoding/batched.py): the same tokens as one at a time, each row
         seeded as the one-at-a-time path seeds it. A row's wall time is its batch's, shared with the other rows."""
         from .decoding.batched import batched_generate
         from .decoding.engine import prompt_token_ids
@@ -71,7 +75,7 @@ class SpeculativeDecoder(pl.LightningModule):
         g = self.gen
         ids = [prompt_token_ids(self.target, row["prompt"], what=f"prompt {row['id']!r}") for row in batch]
         res = batched_generate(self.target, self.drafter, ids, g["max_new_tokens"], temperature=g["temperature"],
-                               top_p=g["top_p"], seed=self.seed + batch_idx * len(batch), sampler=g["sampler"])
+                               top_p=g["top_p"], sampler=g["sampler"], row_seeds=[self._seed(row) for row in batch])
         out = []
         for row, toks, lengths, reason in zip(batch, res.token_ids, res.acceptance_lengths, res.stop_reasons):
             text = self.target.decode(toks) if self.target.tokenizer else ""
@@ -127,6 +131,7 @@ def predict(target, drafter, prompts, *, max_new_tokens: int = 128, temperature:
     rows = load_eval_set(prompts) if isinstance(prompts, (str, Path)) else list(prompts)
     if not rows:
         raise UserError("no prompts to decode")
+    rows = [dict(row, _index=i) for i, row in enumerate(rows)]         # each prompt's seed (SpeculativeDecoder._seed)
     if isinstance(target, str):
         target = Target.from_pretrained(target, dtype=dtype)
     if isinstance(drafter, str):

@@ -200,7 +200,8 @@ def test_predict_batched_matches_one_at_a_time(dirs):
     drafter = Drafter.from_pretrained(root / "domino", target)
     cutoff = InferenceOptions(draft_cutoff=0.3)
     for kw in ({}, {"temperature": 1.0, "sampler": "gumbel", "seed": 5}):
-        one = predict(target, drafter, prompts, max_new_tokens=16, accelerator="cpu", devices=1, batch_size=2,
+        # one prompt per Lightning batch: a prompt's seed is its place in the prompts, whatever the batch size
+        one = predict(target, drafter, prompts, max_new_tokens=16, accelerator="cpu", devices=1, batch_size=1,
                       steps=False, **kw)
         together = predict(target, drafter, prompts, max_new_tokens=16, accelerator="cpu", devices=1, batch_size=2,
                            steps=False, batched=True, **kw)
@@ -211,6 +212,13 @@ def test_predict_batched_matches_one_at_a_time(dirs):
             assert sum(b["acceptance_lengths"]) + 1 == len(b["token_ids"]) == b["num_new_tokens"]
             assert "steps" not in b
         assert [r["batch_size"] for r in together] == [2, 2, 1]
+    # the one-at-a-time path samples the same whatever the batch size (rejection sampling too)
+    a, b = (predict(target, drafter, prompts, max_new_tokens=12, accelerator="cpu", devices=1, batch_size=size,
+                    steps=False, temperature=1.0, seed=3) for size in (1, 2))
+    assert [r["token_ids"] for r in a] == [r["token_ids"] for r in b]
+    from domino_lab.decoding.batched import batched_generate
+    with pytest.raises(UserError, match="row_seeds"):
+        batched_generate(target, drafter, [[5, 6], [7]], 4, temperature=1.0, sampler="gumbel", row_seeds=[1])
     for bad, match in (({"tree_nodes": 4}, "tree"), ({"temperature": 1.0}, "gumbel"), ({"steps": True}, "records"),
                        ({"block_size": 4}, "block"), ({"drafter": str(root / "domino"), "options": cutoff}, "cutoff")):
         kw = {"drafter": drafter, "steps": False} | bad

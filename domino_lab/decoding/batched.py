@@ -42,13 +42,13 @@ class BatchResult:
 
 @torch.no_grad()
 def batched_generate(target, drafter, prompts_ids: list[list[int]], max_new_tokens: int = 128,
-                     drafts: str | None = None, temperature: float = 0.0, top_p: float = 1.0, seed: int = 0,
-                     sampler: str = "rejection") -> BatchResult:
+                     drafts: str | int | None = None, temperature: float = 0.0, top_p: float = 1.0, seed: int = 0,
+                     sampler: str = "rejection", row_seeds: list[int] | None = None) -> BatchResult:
     """Greedy decoding of every prompt, batched; each row's output equals its own greedy decoding.
 
     T > 0 samples with `sampler="gumbel"` only (rejection sampling is not batched): row r then emits exactly what
-    `speculative_generate` emits for its prompt with seed `seed + r` and the gumbel sampler, with or without a
-    drafter.
+    `speculative_generate` emits for its prompt with seed `seed + r` (or `row_seeds[r]` when given) and the gumbel
+    sampler, with or without a drafter.
 
     drafts: how many drafts each step verifies, "all" (the drafter's whole block), "adaptive" (the count that
     maximises measured tokens per second, decoding/adaptive.py; 0 = a plain step) or a whole number 0..the drafter's
@@ -75,8 +75,12 @@ def batched_generate(target, drafter, prompts_ids: list[list[int]], max_new_toke
     if temperature > 0 and sampler != "gumbel":
         raise UserError("batched decoding samples with the gumbel sampler only (rejection sampling is decoded one "
                         "sequence at a time): pass sampler='gumbel' or temperature 0")
-    check_seed(seed)
-    check_seed(seed + len(prompts_ids) - 1)
+    if row_seeds is None:
+        row_seeds = [seed + r for r in range(len(prompts_ids))]
+    if len(row_seeds) != len(prompts_ids):
+        raise UserError(f"row_seeds has {len(row_seeds)} seeds for {len(prompts_ids)} prompts; give one per prompt")
+    for row_seed in row_seeds:
+        check_seed(row_seed)
     dev, b = target.device, len(prompts_ids)
     lens = torch.tensor([len(p) for p in prompts_ids], device=dev)
     width = int(lens.max())
@@ -95,7 +99,7 @@ def batched_generate(target, drafter, prompts_ids: list[list[int]], max_new_toke
     min_copy = drafter.options.lookup if drafter is not None else 0
     ar = torch.arange(width, device=dev)
     # one noise source per prompt (its seed and positions): a row's tokens are its own Gumbel-max draws
-    noise = [sampling.GumbelNoise(seed + r, target.vocab_size, temperature, dev) for r in range(b)] \
+    noise = [sampling.GumbelNoise(row_seeds[r], target.vocab_size, temperature, dev) for r in range(b)] \
         if temperature > 0 else None
 
     def choose(logits: torch.Tensor, rows: list[int], first: torch.Tensor) -> torch.Tensor:
