@@ -128,6 +128,8 @@ def predict(target, drafter, prompts, *, max_new_tokens: int = 128, temperature:
     from .models import load_drafter
     from .target import Target
 
+    if not (isinstance(batch_size, int) and batch_size >= 1):
+        raise UserError(f"batch size must be a whole number >= 1, got {batch_size!r}")
     rows = load_eval_set(prompts) if isinstance(prompts, (str, Path)) else list(prompts)
     if not rows:
         raise UserError("no prompts to decode")
@@ -179,6 +181,8 @@ def main(argv=None) -> int:
 
     if args.max_new_tokens < 1:
         raise UserError("--max-new-tokens must be at least 1")
+    if args.batch_size < 1:
+        raise UserError(f"--batch-size must be at least 1, got {args.batch_size}")
     from .decoding.tree import check_tree_nodes
 
     check_tree_nodes(args.tree_nodes, "--tree-nodes")
@@ -187,7 +191,7 @@ def main(argv=None) -> int:
     from .target import Target, use_decode_threads
 
     target = Target.from_pretrained(args.target, dtype=args.dtype)
-    use_decode_threads(target, args.threads)
+    use_decode_threads(target, args.threads, rows=args.batch_size if args.batched else 1)
     out = predict(target, args.drafter, rows, max_new_tokens=args.max_new_tokens,
                   temperature=args.temperature, batch_size=args.batch_size, accelerator=args.accelerator,
                   devices=devices, strategy=args.strategy, precision=args.precision, dtype=args.dtype,

@@ -125,10 +125,10 @@ def measure_threads(target: "Target", counts: tuple[int, ...], rows: int = 1, re
     return {n: sorted(v)[len(v) // 2] for n, v in times.items()}
 
 
-def use_decode_threads(target: "Target", requested: int | None = None) -> int:
-    """Set torch's intra-op threads to `decode_threads(target, requested)` (every decoding CLI calls this once the
-    target is loaded) and return the count."""
-    n = decode_threads(target, requested)
+def use_decode_threads(target: "Target", requested: int | None = None, rows: int = 1) -> int:
+    """Set torch's intra-op threads to `decode_threads(target, requested, rows)` (every decoding CLI calls this once
+    the target is loaded; `rows` > 1 for one that decodes batches) and return the count."""
+    n = decode_threads(target, requested, rows)
     torch.set_num_threads(n)
     return n
 

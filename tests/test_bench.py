@@ -241,6 +241,8 @@ def test_inference_cli_batched(dirs, tmp_path, capsys):
         assert [r["batch_size"] for r in rows] == [3, 3, 3] and all("steps" not in r for r in rows)
         with pytest.raises(UserError, match="tree"):
             main(base + ["--out", str(tmp_path / "bad.jsonl"), "--batched", "--tree-nodes", "4"])
+        with pytest.raises(UserError, match="--batch-size must be at least 1"):
+            main(base + ["--out", str(tmp_path / "bad.jsonl"), "--batch-size", "0"])
         assert not (tmp_path / "bad.jsonl").exists()
     finally:
         torch.set_num_threads(threads)          # the CLI sets its decoding threads for the process
