@@ -217,6 +217,27 @@ def bench_batched(b: Bench, prompts: list[dict], sizes: list[int], rounds: int =
     return out
 
 
+def interleaved_batches(configs: list, n_chunks: int, rounds: int, run, progress=None) -> tuple[dict, dict]:
+    """Decode chunks 0..n_chunks-1 with every configuration, `rounds` times: every configuration on a chunk before the
+    next chunk, the order rotating per chunk and per round, so a slow spell of the machine falls on all of them.
+    run(config, chunk index) -> a BatchResult. Returns ({config: tokens/s of each round}, {config: the first round's
+    results in chunk order}); `progress()` is called after every decode."""
+    tally = {(r, c): [0, 0.0] for r in range(rounds) for c in configs}
+    first: dict = {c: [] for c in configs}
+    for r in range(rounds):
+        for k in range(n_chunks):
+            j = (r + k) % len(configs)
+            for c in configs[j:] + configs[:j]:
+                res = run(c, k)
+                if progress is not None:
+                    progress()
+                tally[r, c][0] += sum(map(len, res.token_ids))
+                tally[r, c][1] += res.wall_time_s
+                if r == 0:
+                    first[c].append(res)
+    return {c: [tally[r, c][0] / tally[r, c][1] for r in range(rounds)] for c in configs}, first
+
+
 def _bench_size(b: Bench, ids: list[list[int]], size: int, rounds: int, methods: list[str], bar) -> dict:
     """bench_batched's measurement at one batch size: {method: its row}."""
     import statistics
@@ -226,31 +247,21 @@ def _bench_size(b: Bench, ids: list[list[int]], size: int, rounds: int, methods:
     smp = b.sampling
     starts = range(0, len(ids), size)
     chunks = [ids[i:i + size] for i in starts]
-    per_round = {m: [] for m in methods}            # (tokens, wall) of each round
-    toks = {m: [] for m in methods}
-    lengths = {m: [] for m in methods}
-    for r in range(rounds):
-        tally = {m: [0, 0.0] for m in methods}
-        for c, chunk in enumerate(chunks):
-            k = (r + c) % len(methods)
-            for m in methods[k:] + methods[:k]:
-                # row r of a batch samples with seed + its prompt's index, as at batch 1
-                res = batched_generate(b.target, b.drafters.get(m), chunk, b.max_new,
-                                       temperature=smp.temperature, top_p=smp.top_p, sampler=smp.sampler,
-                                       seed=smp.seed + starts[c])
-                bar.update()
-                tally[m][0] += sum(map(len, res.token_ids))
-                tally[m][1] += res.wall_time_s
-                if r == 0:                         # greedy or gumbel: every round decodes the same tokens
-                    toks[m] += res.token_ids
-                    lengths[m] += [a for row_ in res.acceptance_lengths for a in row_]
-        for m in methods:
-            per_round[m].append(tally[m][0] / tally[m][1])
+
+    def run(m, c):
+        # row r of a batch samples with seed + its prompt's index, as at batch 1
+        return batched_generate(b.target, b.drafters.get(m), chunks[c], b.max_new, temperature=smp.temperature,
+                                top_p=smp.top_p, sampler=smp.sampler, seed=smp.seed + starts[c])
+
+    per_round, first = interleaved_batches(methods, len(chunks), rounds, run, bar.update)
+    # greedy or gumbel: every round decodes the same tokens, so the first round's are checked
+    toks = {m: [t for res in first[m] for t in res.token_ids] for m in methods}
     row = {}
     for m in methods:
         speeds = per_round[m]
+        lengths = [a for res in first[m] for row_ in res.acceptance_lengths for a in row_]
         row[m] = {"tokens_per_s": statistics.median(speeds), "tokens_per_s_rounds": speeds,
-                  "tau": sum(lengths[m]) / max(1, len(lengths[m])),
+                  "tau": sum(lengths) / max(1, len(lengths)),
                   "lossless": sum(t == a for t, a in zip(toks[m], toks["ar"])),
                   "speedup_vs_ar": statistics.median(x / a for x, a in zip(speeds, per_round["ar"]))}
     return row

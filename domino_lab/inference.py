@@ -90,16 +90,14 @@ class SpeculativeDecoder(pl.LightningModule):
 
 def check_batched(drafter, tree_nodes: int, temperature: float, sampler: str, block_size: int | None,
                   steps: bool) -> None:
-    """What decoding a batch's prompts together cannot do, as one error each (before Lightning starts)."""
+    """What decoding a batch's prompts together cannot do, as one error each (before Lightning starts): the batched
+    engine's own limits, and the one-sequence options inference would otherwise ignore."""
+    from .decoding.batched import check_batched_mode
+
     if tree_nodes:
         raise UserError("batched inference verifies chains; tree verification decodes one sequence at a time: "
                         "drop --batched or use --tree-nodes 0")
-    if temperature > 0 and sampler != "gumbel":
-        raise UserError("batched inference samples with the gumbel sampler only: pass --sampler gumbel, "
-                        "temperature 0, or drop --batched")
-    if drafter is not None and not drafter.supports_batched:
-        raise UserError(f"the '{drafter.config.method}' drafter cannot decode batches (its caches cannot hold "
-                        "ragged rows): drop --batched")
+    check_batched_mode(drafter, temperature, sampler=sampler)
     opts = drafter.options if drafter is not None else None
     if block_size is not None or (opts is not None and opts.block_size is not None):
         raise UserError("batched inference drafts the drafter's own block: drop --block-size or --batched")

@@ -53,33 +53,24 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def measure(target, drafter, ids: list[list[int]], size: int, configs: list, max_new: int, rounds: int) -> dict:
     """Every configuration ("ar", a draft count, "adaptive") over `ids` in batches of `size`: {label: its row}."""
+    from domino_lab.bench import interleaved_batches
     from domino_lab.decoding.batched import batched_generate
 
     chunks = [ids[i:i + size] for i in range(0, len(ids), size)]
     label = {c: c if isinstance(c, str) else f"n={c}" for c in configs}
-    per_round = {c: [] for c in configs}
-    totals = {c: {"committed": 0, "steps": 0, "row_steps": 0, "draft_s": 0.0, "verify_s": 0.0} for c in configs}
-    texts = {c: [] for c in configs}
-    for r in range(rounds):
-        tally = {c: [0, 0.0] for c in configs}
-        for k, chunk in enumerate(chunks):
-            j = (r + k) % len(configs)
-            for c in configs[j:] + configs[:j]:
-                res = batched_generate(target, None if c == "ar" else drafter, chunk, max_new,
-                                       drafts=None if c == "ar" else c)
-                n_tok = sum(map(len, res.token_ids))
-                tally[c][0] += n_tok
-                tally[c][1] += res.wall_time_s
-                if r == 0:                      # greedy: every round decodes the same tokens
-                    t = totals[c]
-                    t["committed"] += sum(map(sum, res.acceptance_lengths))     # the prefill's token excluded
-                    t["row_steps"] += sum(map(len, res.acceptance_lengths))
-                    t["steps"] += res.steps
-                    t["draft_s"] += res.draft_time_s
-                    t["verify_s"] += res.verify_time_s
-                    texts[c] += res.token_ids
-        for c in configs:
-            per_round[c].append(tally[c][0] / tally[c][1])
+
+    def run(c, k):
+        return batched_generate(target, None if c == "ar" else drafter, chunks[k], max_new,
+                                drafts=None if c == "ar" else c)
+
+    per_round, first = interleaved_batches(configs, len(chunks), rounds, run)
+    totals, texts = {}, {}
+    for c, results in first.items():          # greedy: every round decodes the same tokens
+        totals[c] = {"committed": sum(sum(map(sum, r.acceptance_lengths)) for r in results),  # prefill token excluded
+                     "row_steps": sum(sum(map(len, r.acceptance_lengths)) for r in results),
+                     "steps": sum(r.steps for r in results), "draft_s": sum(r.draft_time_s for r in results),
+                     "verify_s": sum(r.verify_time_s for r in results)}
+        texts[c] = [t for r in results for t in r.token_ids]
     ar = totals["ar"]
     plain_ms = 1e3 * (ar["draft_s"] + ar["verify_s"]) / ar["steps"]
     out = {}

@@ -40,6 +40,19 @@ class BatchResult:
         return sum(map(len, self.token_ids)) / self.wall_time_s if self.wall_time_s > 0 else 0.0
 
 
+def check_batched_mode(drafter, temperature: float, top_p: float = 1.0, sampler: str = "rejection") -> None:
+    """What batched decoding cannot do, one error each: rejection sampling at T > 0 (it is decoded one sequence at a
+    time), or a drafter whose caches cannot hold ragged rows. Callers that start work first (a Lightning run) check
+    with it up front."""
+    sampling.check_sampling(temperature, top_p, sampler)
+    if temperature > 0 and sampler != "gumbel":
+        raise UserError("batched decoding samples with the gumbel sampler only (rejection sampling is decoded one "
+                        "sequence at a time): pass sampler='gumbel' or temperature 0")
+    if drafter is not None and not drafter.supports_batched:
+        raise UserError(f"batched decoding does not support the '{drafter.config.method}' drafter (its caches "
+                        "cannot hold ragged rows); decode it one sequence at a time (speculative_generate)")
+
+
 @torch.no_grad()
 def batched_generate(target, drafter, prompts_ids: list[list[int]], max_new_tokens: int = 128,
                      drafts: str | int | None = None, temperature: float = 0.0, top_p: float = 1.0, seed: int = 0,
@@ -71,10 +84,7 @@ def batched_generate(target, drafter, prompts_ids: list[list[int]], max_new_toke
         fixed = drafts
     elif drafts not in BATCH_DRAFTS:
         raise UserError(f"unknown batch drafts policy {drafts!r}; use one of {list(BATCH_DRAFTS)} or a draft count")
-    sampling.check_sampling(temperature, top_p, sampler)
-    if temperature > 0 and sampler != "gumbel":
-        raise UserError("batched decoding samples with the gumbel sampler only (rejection sampling is decoded one "
-                        "sequence at a time): pass sampler='gumbel' or temperature 0")
+    check_batched_mode(drafter, temperature, top_p, sampler)
     if row_seeds is None:
         row_seeds = [seed + r for r in range(len(prompts_ids))]
     if len(row_seeds) != len(prompts_ids):
@@ -91,9 +101,6 @@ def batched_generate(target, drafter, prompts_ids: list[list[int]], max_new_toke
     full = ["context_length" if target.max_length - len(p) < max_new_tokens else "max_new_tokens"
             for p in prompts_ids]
     eos = target.eos_token_ids
-    if drafter is not None and not drafter.supports_batched:
-        raise UserError(f"batched decoding does not support the '{drafter.config.method}' drafter (its caches "
-                        "cannot hold ragged rows); decode it one sequence at a time (speculative_generate)")
     taps = drafter.config.target_layer_ids if drafter is not None else None
     n_drafts = drafter.config.num_drafts if drafter is not None else 0
     min_copy = drafter.options.lookup if drafter is not None else 0
