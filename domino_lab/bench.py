@@ -185,13 +185,14 @@ def bench_set(b: Bench, prompts: list[dict], warmup: int, progress: bool = True)
 
 
 def bench_batched(b: Bench, prompts: list[dict], sizes: list[int], rounds: int = 1, progress: bool = True,
-                  threads: int | None = None) -> dict:
+                  threads: int | None = None, continuous: bool = False) -> dict:
     """Throughput of batched decoding (ragged acceptance) for `ar` and our drafters at several batch sizes.
     Each size decodes the same prompts in consecutive batches, every method on a batch before the next batch (the
     order rotating per batch and per round, as the batch-1 bench rotates per prompt), `rounds` times: tokens/s is
     the median over rounds, the speedup the median of the per-round ratios (each against the `ar` run beside it),
-    so a slow minute of the machine moves both sides of a ratio. Outputs are checked against `ar` (sampled decoding
-    batches with the gumbel sampler only, whose seed fixes the text)."""
+    so a slow minute of the machine moves both sides of a ratio. `continuous`: each size is instead the number of
+    slots through which all the prompts decode as one queue (decoding/batched.py). Outputs are checked against `ar`
+    (sampled decoding batches with the gumbel sampler only, whose seed fixes the text)."""
     from tqdm.auto import tqdm
 
     from .decoding.batched import batched_generate
@@ -205,13 +206,14 @@ def bench_batched(b: Bench, prompts: list[dict], sizes: list[int], rounds: int =
                and m not in HEAD_VARIANTS and m not in TREE_METHODS]
     batched_generate(b.target, None, ids[:2], 4)                       # warm-up
     out: dict = {}
-    bar = tqdm(total=sum(-(-len(ids) // size) for size in sizes) * rounds * len(methods), desc="batched",
+    bar = tqdm(total=sum(1 if continuous else -(-len(ids) // size) for size in sizes) * rounds * len(methods),
+               desc="batched",
                disable=not progress)
     for size in sizes:
         # a batch's forwards are larger than one sequence's, so the thread count is chosen per batch size (`threads`
         # None: measured, target.decode_threads) and every method of the size runs with it
         with torch_threads(decode_threads(b.target, threads, rows=min(size, len(ids)))) as n_threads:
-            out[size] = _bench_size(b, ids, size, rounds, methods, bar)
+            out[size] = _bench_size(b, ids, size, rounds, methods, bar, continuous)
         b.batch_threads[size] = n_threads
     bar.close()
     return out
@@ -238,20 +240,21 @@ def interleaved_batches(configs: list, n_chunks: int, rounds: int, run, progress
     return {c: [tally[r, c][0] / tally[r, c][1] for r in range(rounds)] for c in configs}, first
 
 
-def _bench_size(b: Bench, ids: list[list[int]], size: int, rounds: int, methods: list[str], bar) -> dict:
+def _bench_size(b: Bench, ids: list[list[int]], size: int, rounds: int, methods: list[str], bar,
+                continuous: bool = False) -> dict:
     """bench_batched's measurement at one batch size: {method: its row}."""
     import statistics
 
     from .decoding.batched import batched_generate
 
     smp = b.sampling
-    starts = range(0, len(ids), size)
-    chunks = [ids[i:i + size] for i in starts]
+    starts = range(0, len(ids), len(ids) if continuous else size)
+    chunks = [ids[i:i + (len(ids) if continuous else size)] for i in starts]
 
     def run(m, c):
         # row r of a batch samples with seed + its prompt's index, as at batch 1
         return batched_generate(b.target, b.drafters.get(m), chunks[c], b.max_new, temperature=smp.temperature,
-                                top_p=smp.top_p, sampler=smp.sampler, seed=smp.seed + starts[c])
+                                top_p=smp.top_p, sampler=smp.sampler, seed=smp.seed + starts[c], slots=size)
 
     per_round, first = interleaved_batches(methods, len(chunks), rounds, run, bar.update)
     # greedy or gumbel: every round decodes the same tokens, so the first round's are checked
@@ -373,6 +376,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-rounds", type=int, default=1,
                    help="batched decoding: decode every batch this many times, methods interleaved; tokens/s is the "
                         "median over rounds and the speedup the median of per-round ratios (default 1)")
+    p.add_argument("--continuous", action="store_true",
+                   help="batched decoding: each batch size is the number of slots through which the whole set decodes "
+                        "as one queue (a row that finishes hands its slot to the next prompt) instead of consecutive "
+                        "batches of that size")
     p.add_argument("--batch-drafts", default=None, choices=BATCH_DRAFTS,
                    help="batched decoding: verify an adaptive number of drafts per step (the default: as many as pay "
                         "for their compute at the acceptance measured so far; 0 = a plain step) or the whole block; "
@@ -547,7 +554,8 @@ def main(argv: list[str] | None = None) -> int:
               smp)
     started = time.time()
     results = {s: bench_set(b, prompts, args.warmup) for s, prompts in sets.items()}
-    batched = ({s: bench_batched(b, prompts, args.batch_sizes, args.batch_rounds, threads=args.threads)
+    batched = ({s: bench_batched(b, prompts, args.batch_sizes, args.batch_rounds, threads=args.threads,
+                                 continuous=args.continuous)
                 for s, prompts in sets.items()} if args.batch_sizes else {})
     meta = {"command": "python -m domino_lab.bench " + " ".join(argv if argv is not None else sys.argv[1:]),
             "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, {torch.get_num_threads()} torch "
@@ -563,7 +571,7 @@ def main(argv: list[str] | None = None) -> int:
             # (exact; docs/design.md#greedy-head-screen); the hf methods always read the full head
             "lm_head": "screen" if target.screen is not None else "full",
             # the batch-1 rows ran with the machine line's threads, batched decoding with these per batch size
-            "batched_threads": b.batch_threads}
+            "batched_threads": b.batch_threads, "batched_continuous": args.continuous}
     from .config import default_runs_dir
 
     out = Path(args.out) if args.out else default_runs_dir() / "bench"
@@ -593,7 +601,9 @@ def main(argv: list[str] | None = None) -> int:
     text = (f"`{meta['command']}`\n\n{meta['machine']}; {meta['date']}; {meta['wall_s']} s; {smp.describe()}"
             + (f"; greedy LM head: {meta['lm_head']}" if smp.temperature == 0 else "") + f"\n\n{md}\n\n"
             + ("\n".join(notes) + "\n\n" if notes else agreement(smp) + "\n\n")
-            + (f"Batched decoding (ragged acceptance; same prompts in consecutive batches; torch threads per batch "
+            + (f"Batched decoding (ragged acceptance; "
+               + ("each set one queue through that many slots" if args.continuous
+                  else "same prompts in consecutive batches") + "; torch threads per batch "
                f"size: {', '.join(f'{k}: {v}' for k, v in b.batch_threads.items())}):\n\n"
                f"{batched_table(batched, {s: len(p) for s, p in sets.items()})}\n\n" if batched else "")
             + (projection_table(proj, args.project) + "\n\n" if proj else "")

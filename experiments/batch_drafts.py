@@ -38,6 +38,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--limit", type=int, default=16, help="prompts per set")
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[4, 16])
     p.add_argument("--counts", type=int, nargs="+", default=[0, 1, 2, 4, 8], help="fixed draft counts to measure")
+    p.add_argument("--continuous", action="store_true",
+                   help="each batch size is the slots through which the set decodes as one queue (a finished row's "
+                        "slot takes the next prompt) instead of consecutive batches of that size")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--rounds", type=int, default=2)
     from domino_lab.target import add_threads_arg
@@ -51,17 +54,20 @@ def parse_args(argv=None) -> argparse.Namespace:
     return a
 
 
-def measure(target, drafter, ids: list[list[int]], size: int, configs: list, max_new: int, rounds: int) -> dict:
-    """Every configuration ("ar", a draft count, "adaptive") over `ids` in batches of `size`: {label: its row}."""
+def measure(target, drafter, ids: list[list[int]], size: int, configs: list, max_new: int, rounds: int,
+            continuous: bool = False) -> dict:
+    """Every configuration ("ar", a draft count, "adaptive") over `ids` in batches of `size` (continuous: one queue
+    through `size` slots): {label: its row}."""
     from domino_lab.bench import interleaved_batches
     from domino_lab.decoding.batched import batched_generate
 
-    chunks = [ids[i:i + size] for i in range(0, len(ids), size)]
+    step = len(ids) if continuous else size
+    chunks = [ids[i:i + step] for i in range(0, len(ids), step)]
     label = {c: c if isinstance(c, str) else f"n={c}" for c in configs}
 
     def run(c, k):
         return batched_generate(target, None if c == "ar" else drafter, chunks[k], max_new,
-                                drafts=None if c == "ar" else c)
+                                drafts=None if c == "ar" else c, slots=size)
 
     per_round, first = interleaved_batches(configs, len(chunks), rounds, run)
     totals, texts = {}, {}
@@ -90,8 +96,9 @@ def measure(target, drafter, ids: list[list[int]], size: int, configs: list, max
 def markdown(results: dict, meta: dict) -> str:
     lines = [f"`{meta['command']}`", "",
              f"{meta['machine']}; {meta['date']}; {meta['wall_s']} s; drafter `{meta['drafter']}`; "
-             f"{meta['max_new_tokens']} new tokens; tokens/s = median of {meta['rounds']} rounds, configurations "
-             "interleaved per batch", "",
+             f"{meta['max_new_tokens']} new tokens; "
+             + ("each set one queue through `batch` slots; " if meta.get("continuous") else "")
+             + f"tokens/s = median of {meta['rounds']} rounds, configurations interleaved per batch", "",
              "| set | batch | threads | config | τ (rows' mean) | tokens/s | × ar | draft ms/step | verify ms/step "
              "| step gain | step cost | equal to ar |", "|" + "---|" * 12]
     for s, by_size in results.items():
@@ -150,7 +157,8 @@ def main(argv=None) -> int:
             with torch_threads(decode_threads(target, args.threads, rows=min(size, len(ids)))) as n:
                 batched_generate(target, drafter, ids[:2], 4)                  # warm-up at this thread count
                 results[s][size] = {"threads": n, "configs": measure(target, drafter, ids, size, configs,
-                                                                     args.max_new_tokens, args.rounds)}
+                                                                     args.max_new_tokens, args.rounds,
+                                                                     args.continuous)}
             print(f"{s} batch {size}: " + ", ".join(f"{k} {v['speedup_vs_ar']:.2f}×"
                                                      for k, v in results[s][size]["configs"].items()),
                   file=sys.stderr, flush=True)
@@ -158,7 +166,7 @@ def main(argv=None) -> int:
             "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, OpenMP waits: {openmp_waits()}, torch "
                        f"{torch.__version__}", "date": time.strftime("%Y-%m-%d %H:%M"),
             "wall_s": round(time.time() - started, 1), "drafter": args.drafter, "rounds": args.rounds,
-            "max_new_tokens": args.max_new_tokens, "limit": args.limit}
+            "max_new_tokens": args.max_new_tokens, "limit": args.limit, "continuous": args.continuous}
     md = markdown(results, meta)
     print(md)
     if args.out:

@@ -38,6 +38,23 @@ def test_batch_drafts_compares_counts_losslessly(tmp_path):
     assert "| math | 2 | 1 | n=2 |" in md and (tmp_path / "batch_drafts.png").stat().st_size > 0
 
 
+def test_batch_drafts_continuous_queue(tmp_path):
+    """--continuous: the set decodes as one queue through `batch` slots, every configuration still lossless."""
+    mod = _module()
+    threads = torch.get_num_threads()
+    try:
+        assert mod.main(["--sets", "humaneval", "--limit", "5", "--batch-sizes", "2", "--counts", "2",
+                         "--max-new-tokens", "6", "--rounds", "1", "--threads", "1", "--continuous",
+                         "--out", str(tmp_path)]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    out = json.loads((tmp_path / "batch_drafts.json").read_text())
+    assert out["meta"]["continuous"] is True
+    for r in out["results"]["humaneval"]["2"]["configs"].values():
+        assert r["equal_to_ar"] == r["prompts"] == 5
+    assert "one queue through `batch` slots" in (tmp_path / "batch_drafts.md").read_text()
+
+
 @pytest.mark.parametrize("argv, match", [(["--counts", "1", "1"], "distinct"), (["--counts", "-1"], "distinct"),
                                          (["--limit", "0"], ">= 1"), (["--batch-sizes", "0"], ">= 1")])
 def test_batch_drafts_bad_arguments(argv, match):

@@ -121,6 +121,24 @@ def test_sampled_bench_gumbel_checks_every_sample_against_ar(dirs, tmp_path):
     assert "gumbel sampler, seed 7" in md and "samples exactly `ar`'s text" in md and "| prompts | hf |" in md
 
 
+def test_bench_continuous_decodes_each_set_as_one_queue(dirs, tmp_path):
+    """--continuous: each batch size is the slots of one queue over the set's prompts; every prompt's text (sampled
+    here, seed + its index) equals plain decoding's, and the tables say how the batches were formed."""
+    from domino_lab.bench import main
+
+    root, tdir, _, prompts = dirs
+    out = tmp_path / "bench"
+    argv = ["--target", tdir, "--dtype", "float64", "--sets", prompts, "--quick", "--limit", "3", "--out", str(out),
+            "--domino", str(root / "domino"), "--methods", "ar", "domino", "--batch-sizes", "2", "--continuous",
+            "--temperature", "1.5", "--sampler", "gumbel", "--seed", "7"]
+    assert main(argv) == 0
+    doc = json.loads((out / "bench.json").read_text())
+    assert doc["meta"]["batched_continuous"] is True
+    assert {m: r["lossless"] for m, r in doc["batched"]["prompts"]["2"].items()} == {"ar": 3, "domino": 3}
+    assert doc["results"]["prompts"]["domino"]["lossless"]["equal"] == 3
+    assert "each set one queue through that many slots" in (out / "bench.md").read_text()
+
+
 def test_sampled_bench_rejection_compares_nothing_token_for_token(dirs, tmp_path):
     from domino_lab.bench import main
 

@@ -132,16 +132,16 @@ def test_bad_sampler_and_sampled_tree_are_one_clear_error():
                                                   ("domino", {"lookup": 1}, "all")])
 def test_batched_sampling_gives_each_row_its_own_sample(method, opts, drafts):
     """Batched decoding at T > 0 with the gumbel sampler: row r equals its prompt decoded alone with seed + r, for
-    ragged prompts and rows that stop early at EOS."""
+    ragged prompts and rows that stop early at EOS, all at once or as a queue through fewer slots."""
     from domino_lab.decoding.batched import batched_generate
 
     target = tiny_target(vocab=40, layers=2, hidden=32, eos=3, logit_scale=4.0)
     drafter = None if method is None else Drafter.untrained(target, method, seed=2, block_size=4).set_options(
         InferenceOptions(**opts))
     prompts = [[5, 6, 7, 5, 6], [9], [1, 2, 1, 2, 1, 2, 8], [4, 4]]
-    for top_p in (1.0, 0.9):
+    for top_p, slots in ((1.0, None), (0.9, None), (1.0, 2)):        # slots 2: a queue (rows replaced as they end)
         res = batched_generate(target, drafter, prompts, max_new_tokens=20, drafts=drafts, temperature=0.9,
-                               top_p=top_p, seed=10, sampler="gumbel")
+                               top_p=top_p, seed=10, sampler="gumbel", slots=slots)
         for r, p in enumerate(prompts):
             alone = speculative_generate(target, None, prompt_ids=p, max_new_tokens=20, temperature=0.9, top_p=top_p,
                                          seed=10 + r, sampler="gumbel")

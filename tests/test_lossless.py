@@ -200,3 +200,66 @@ def test_prompt_ids_and_temperature_outside_their_range_are_one_error(target):
     for temp in (float("nan"), float("inf"), -0.5):
         with pytest.raises(UserError, match="temperature must be a finite number >= 0"):
             speculative_generate(target, None, prompt_ids=[5, 6], max_new_tokens=2, temperature=temp)
+
+
+# ---- batched decoding of a queue: finished rows hand their slots to waiting prompts ----------------------------
+@pytest.mark.parametrize("method, drafts", [(None, "all"), ("domino", "all"), ("domino", "adaptive"), ("domino", 2),
+                                           ("dflash", "all"), ("dflash", "adaptive"), ("anchor", "all")])
+def test_a_queue_of_prompts_decodes_each_as_alone(target, plain, trained, method, drafts, monkeypatch):
+    """With fewer slots than prompts, a finished row's place in the caches goes to the next prompt (columns no live
+    row needs are trimmed, here once 4 are free; the caches widen for a long prompt) and every prompt still equals
+    its own greedy decoding; no forward ever holds more rows than the slots."""
+    from domino_lab.decoding import batched
+
+    monkeypatch.setattr(batched, "TRIM_COLUMNS", 4)
+    d = trained[method, True] if method in ("domino", "dflash") else None
+    if method == "anchor":                  # reads the feature before its anchor: new rows wait for the next draft
+        d = Drafter.untrained(target, "dflash", seed=4, block_size=4, anchor_feature=True)
+    # the last prompt is longer than the batch's cache by the time it gets a row: the caches widen for it
+    prompts = PROMPTS[:12] + [[(5 * j) % 60 + 4 for j in range(40)]]
+    refs = [plain[tuple(p)] for p in prompts[:-1]]
+    refs.append(speculative_generate(target, None, prompt_ids=prompts[-1], max_new_tokens=24).token_ids)
+    rows = []
+    forward = target.forward
+    monkeypatch.setattr(target, "forward", lambda ids, **kw: rows.append(ids.shape[0]) or forward(ids, **kw))
+    for slots in (1, 3, 5):
+        rows.clear()
+        res = batched.batched_generate(target, d, prompts, max_new_tokens=24, drafts=drafts, slots=slots)
+        assert res.token_ids == refs, (method, drafts, slots)
+        assert max(rows) <= slots
+        if method in ("domino", "dflash") and drafts != 2:
+            assert max(a for row in res.acceptance_lengths for a in row) > 1      # drafts were accepted
+        if d is not None and drafts == "all":
+            # a row's drafts read only its own context, whoever shares the batch: its steps match its decode alone
+            alone = [batched.batched_generate(target, d, [p], max_new_tokens=24, drafts="all").acceptance_lengths[0]
+                     for p in prompts]
+            assert res.acceptance_lengths == alone, slots
+
+
+def test_slots_must_be_a_positive_whole_number(target):
+    from domino_lab.decoding.batched import batched_generate
+    from domino_lab.errors import UserError
+
+    for bad in (0, -2, 1.5, True):
+        with pytest.raises(UserError, match="slots"):
+            batched_generate(target, None, PROMPTS[:2], 4, slots=bad)
+
+
+def test_take_in_fills_the_draft_cache_as_a_draft_does(target, trained):
+    """A drafter taking in a context by itself (a queue's new rows) leaves the same draft cache as a draft that
+    takes it in, so the rows' later drafts are the same."""
+    from domino_lab.decoding.kv_cache import new_cache
+
+    d = trained["domino", True]
+    ids = torch.tensor([PROMPTS[4], PROMPTS[9][:len(PROMPTS[4])]])
+    out = target.forward(ids, taps=d.config.target_layer_ids)
+    n, c = ids.shape
+    pos = torch.arange(c).expand(n, -1)
+    anchor, start = ids[:, -1], torch.full((n,), c)
+    key_valid = torch.ones(n, c + d.config.block_size, dtype=torch.bool)
+    a, b = new_cache(), new_cache()
+    d.draft(out.features, pos, anchor, start, a, key_valid=key_valid)
+    d.take_in(out.features, pos, anchor, start, b, key_valid=key_valid)
+    for la, lb in zip(a.layers, b.layers, strict=True):
+        torch.testing.assert_close(la.keys, lb.keys)
+        torch.testing.assert_close(la.values, lb.values)

@@ -3,7 +3,9 @@
 Every row drafts a block and the whole batch is verified in one target forward. Rows accept different
 numbers of drafts, so instead of cropping per row (a cache has one length) the rejected slots stay in
 the caches as *holes*: an attention mask hides them from every later query, and explicit position ids
-give each row its own positions. Slots rejected by every row are cropped, and rows that finish leave the batch.
+give each row its own positions. Slots rejected by every row are cropped, and rows that finish leave the batch;
+with fewer `slots` than prompts the prompts queue, and a finished row's place goes to the next one (continuous
+batching: its prompt is prefilled on its own and written into that row of the caches, docs/design.md#continuous-batching).
 How many drafts a step verifies is the adaptive count of decoding/adaptive.py by default
 (docs/design.md#adaptive-batched-drafts). `drafter=None` is batched plain decoding through the same code. Greedy,
 or sampled with the gumbel sampler (docs/design.md#gumbel-coupled-sampling), which verifies by the greedy rule: each
@@ -15,14 +17,18 @@ import time
 from dataclasses import dataclass, field
 
 import torch
+import torch.nn.functional as F
 
 from .. import sampling
 from ..errors import UserError
 from ..validation import check_seed, check_token_ids
 from ..models.options import BATCH_DRAFTS
 from .adaptive import DraftCount
-from .kv_cache import new_cache
+from .kv_cache import drop_left, new_cache, put_rows, widen
 from .lookup import copy_index, copy_inputs, draft_lookup
+
+TRIM_COLUMNS = 64      # leading cache columns no live row attends to, trimmed once at least this many (each trim copies
+                       # the cache, so not every step)
 
 
 @dataclass
@@ -56,7 +62,8 @@ def check_batched_mode(drafter, temperature: float, top_p: float = 1.0, sampler:
 @torch.no_grad()
 def batched_generate(target, drafter, prompts_ids: list[list[int]], max_new_tokens: int = 128,
                      drafts: str | int | None = None, temperature: float = 0.0, top_p: float = 1.0, seed: int = 0,
-                     sampler: str = "rejection", row_seeds: list[int] | None = None) -> BatchResult:
+                     sampler: str = "rejection", row_seeds: list[int] | None = None,
+                     slots: int | None = None) -> BatchResult:
     """Greedy decoding of every prompt, batched; each row's output equals its own greedy decoding.
 
     T > 0 samples with `sampler="gumbel"` only (rejection sampling is not batched): row r then emits exactly what
@@ -67,7 +74,11 @@ def batched_generate(target, drafter, prompts_ids: list[list[int]], max_new_toke
     maximises measured tokens per second, decoding/adaptive.py; 0 = a plain step) or a whole number 0..the drafter's
     drafts (that many every step: what the adaptive count is measured against, experiments/batch_drafts.py); None =
     the drafter's `batch_drafts` inference option. Rows that finish leave the batch, so they cost nothing
-    afterwards."""
+    afterwards.
+
+    slots: at most this many rows decode at once, and a row that finishes hands its slot to the next waiting prompt
+    (continuous batching: a batch's speed then follows its rows' mean acceptance rather than its slowest row's);
+    None = every prompt at once. Each prompt's output does not depend on it."""
     if not prompts_ids or any(len(p) == 0 for p in prompts_ids):
         raise UserError("every prompt of the batch needs at least one token")
     prompts_ids = [check_token_ids(p, target.vocab_size, f"prompt {i}") for i, p in enumerate(prompts_ids)]
@@ -92,8 +103,10 @@ def batched_generate(target, drafter, prompts_ids: list[list[int]], max_new_toke
     for row_seed in row_seeds:
         check_seed(row_seed)
     dev, b = target.device, len(prompts_ids)
-    lens = torch.tensor([len(p) for p in prompts_ids], device=dev)
-    width = int(lens.max())
+    slots = b if slots is None else slots
+    if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
+        raise UserError(f"slots (rows decoded at once) must be a whole number >= 1, got {slots!r}")
+    width = max(map(len, prompts_ids))
     if width >= target.max_length:
         raise UserError(f"a prompt has {width} tokens but the target's context is {target.max_length}")
     budget = [min(max_new_tokens, target.max_length - len(p)) for p in prompts_ids]
@@ -104,7 +117,7 @@ def batched_generate(target, drafter, prompts_ids: list[list[int]], max_new_toke
     taps = drafter.config.target_layer_ids if drafter is not None else None
     n_drafts = drafter.config.num_drafts if drafter is not None else 0
     min_copy = drafter.options.lookup if drafter is not None else 0
-    ar = torch.arange(width, device=dev)
+    copy_k = drafter.config.copy_ngram if drafter is not None else 0      # the drafter's copy input, per row
     # one noise source per prompt (its seed and positions): a row's tokens are its own Gumbel-max draws
     noise = [sampling.GumbelNoise(row_seeds[r], target.vocab_size, temperature, dev) for r in range(b)] \
         if temperature > 0 else None
@@ -115,44 +128,133 @@ def batched_generate(target, drafter, prompts_ids: list[list[int]], max_new_toke
         g = torch.stack([noise[r].rows(range(int(f), int(f) + k)) for r, f in zip(rows, first)])
         return sampling.gumbel_choice(logits.flatten(0, 1), g.flatten(0, 1), temperature, top_p).view(len(rows), k)
 
-    t_start = time.perf_counter()
-    # left padding: every row's last prompt token sits in the last column
-    ids = torch.zeros(b, width, dtype=torch.long, device=dev)
-    valid = ar[None] >= (width - lens)[:, None]                       # [b, slots] True = a real token
-    for r, p in enumerate(prompts_ids):
-        ids[r, width - len(p):] = torch.tensor(p, device=dev)
-    pos = (valid.long().cumsum(-1) - 1).clamp(min=0)
-    # no capacity hint: rejected slots that some row keeps stay as holes, so a batch's final cache length is not
-    # known (buffers sized for the no-hole case decoded no faster)
-    cache = new_cache(target.model.config)
-    out = target.forward(ids, cache=cache, taps=taps, attention_mask=valid.long(), position_ids=pos,
-                         last_logits_only=True, greedy=noise is None)
-    anchor = out.tokens[:, -1] if noise is None else choose(out.logits[:, -1:], list(range(b)), lens)[:, 0]
-    tokens = [[int(t)] for t in anchor]
-    done = [tokens[r][-1] in eos or len(tokens[r]) >= budget[r] for r in range(b)]
-    reasons = ["eos" if tokens[r][-1] in eos else full[r] for r in range(b)]
-    # lookup drafting per row: a row whose text repeats verifies the copy instead of its drafts (the batch's draft
-    # forward still runs for the other rows, unless every row copies)
-    lookups = [draft_lookup(min_copy, p + t) for p, t in zip(prompts_ids, tokens)] if min_copy else None
+    # per prompt: its tokens so far, whether and why it stopped, its lookup drafting index (a row whose text repeats
+    # verifies the copy instead of its drafts; the batch's draft forward still runs for the other rows, unless every
+    # row copies) and the drafter's copy index (caught up when a draft reads it)
+    tokens: list[list[int]] = [[] for _ in range(b)]
+    done, reasons = [False] * b, [""] * b
+    lookups = [None] * b if min_copy else None
     copied = [False] * b
-    copy_k = drafter.config.copy_ngram if drafter is not None else 0      # the drafter's copy input, per row
-    copiers = [copy_index(copy_k) for _ in prompts_ids] if copy_k else None   # (caught up when a draft reads them)
-    start = lens.clone()                                              # position of each row's anchor
-    # target features not yet in the draft cache, as chunks (features [b, C, kH], validity and positions [b, C];
-    # left pads get negative positions, masked anyway), one per step since the last draft, joined when one runs
-    pending = [(out.features, valid, ar[None] - (width - lens)[:, None])] if taps is not None else []
-    draft_cache = new_cache() if drafter is not None else None
-    draft_valid = torch.zeros(b, 0, dtype=torch.bool, device=dev)
+    copiers = [None] * b if copy_k else None
     lengths: list[list[int]] = [[] for _ in range(b)]
+
+    def prefill(new: list[int]):
+        """Run prompts `new` through the target (left padding: every row's last prompt token in the last column)
+        and pick their first tokens. Returns their cache, validity [n, w] (True = a real token), first tokens,
+        lengths and the target features the drafter has not taken in (features [n, w, kH], validity, positions;
+        left pads get negative positions, masked anyway)."""
+        lens = torch.tensor([len(prompts_ids[r]) for r in new], device=dev)
+        w = int(lens.max())
+        ar = torch.arange(w, device=dev)
+        ids = torch.zeros(len(new), w, dtype=torch.long, device=dev)
+        valid_new = ar[None] >= (w - lens)[:, None]
+        for i, r in enumerate(new):
+            ids[i, w - len(prompts_ids[r]):] = torch.tensor(prompts_ids[r], device=dev)
+        pos = (valid_new.long().cumsum(-1) - 1).clamp(min=0)
+        # no capacity hint: rejected slots that some row keeps stay as holes, so a batch's final cache length is not
+        # known (buffers sized for the no-hole case decoded no faster)
+        c = new_cache(target.model.config)
+        out = target.forward(ids, cache=c, taps=taps, attention_mask=valid_new.long(), position_ids=pos,
+                             last_logits_only=True, greedy=noise is None)
+        first = out.tokens[:, -1] if noise is None else choose(out.logits[:, -1:], new, lens)[:, 0]
+        for i, r in enumerate(new):
+            tokens[r] = [int(first[i])]
+            done[r] = tokens[r][-1] in eos or len(tokens[r]) >= budget[r]
+            reasons[r] = "eos" if tokens[r][-1] in eos else full[r]
+            if lookups is not None:
+                lookups[r] = draft_lookup(min_copy, prompts_ids[r] + tokens[r])
+            if copiers is not None:
+                copiers[r] = copy_index(copy_k)
+        chunk = (out.features, valid_new, ar[None] - (w - lens)[:, None]) if taps is not None else None
+        return c, valid_new, first, lens, chunk
+
+    def gather(chunks: list) -> tuple:
+        """The pending chunks for the live rows, joined along the context: features [rows, C, kH], validity and
+        positions [rows, C]. A chunk holds the rows that were live when it was made; rows that joined later take
+        nothing from it (not valid)."""
+        parts = []
+        for rows_c, *xs in chunks:
+            if rows_c == live:
+                parts.append(xs)
+                continue
+            at = {r: i for i, r in enumerate(rows_c)}
+            idx = torch.tensor([at.get(r, -1) for r in live], device=dev)
+            f, v, p = (x[idx.clamp(min=0)] for x in xs)
+            parts.append((f, v & (idx >= 0)[:, None], p))
+        return tuple(torch.cat(x, dim=1) for x in zip(*parts))
+
+    t_start = time.perf_counter()
+    queue = list(range(b))                 # prompts waiting for a slot, in order
+    # live[i] = the prompt index of batch row i; a row that finishes hands its place to the next waiting prompt or,
+    # when none waits, is dropped from every per-row tensor and cache, so a long-running row does not drag the
+    # finished ones through its remaining steps. Per row: `valid` [rows, columns] (False = a left pad or a hole), the anchor (its
+    # last token) and its position `start`; `pending`: target features not yet in the draft cache, one chunk per
+    # step since the last draft (with the rows it holds: rows come and go without copying them), gathered when one
+    # runs; `draft_valid`: the draft cache's columns.
+    live: list[int] = []
+    cache = draft_cache = valid = anchor = start = draft_valid = None
+    pending: list = []
     steps, t_draft, t_verify = 0, 0.0, 0.0
     policy = DraftCount(n_drafts) if drafts == "adaptive" and n_drafts else None
-    # live[i] = the prompt index of batch row i; a row that finishes is dropped from every per-row tensor and
-    # cache, so a long-running row does not drag the finished ones through its remaining steps
-    live = list(range(b))
+    drafting = drafter is not None and fixed != 0      # whether the drafter ran in the latest step (copies aside)
+
+    def trim() -> None:
+        """Drop the leading cache columns that no live row attends to any more (those of rows that left), once there
+        are enough of them to pay for the copy."""
+        nonlocal valid, draft_valid
+        lead = int(valid.any(0).long().argmax())
+        if lead >= TRIM_COLUMNS:
+            drop_left(cache, lead)
+            valid = valid[:, lead:]
+        if draft_valid.shape[1]:
+            lead = int(draft_valid.any(0).long().argmax()) if draft_valid.any() else draft_valid.shape[1]
+            if lead >= TRIM_COLUMNS:
+                drop_left(draft_cache, lead)
+                draft_valid = draft_valid[:, lead:]
+
+    def refill(slots_: list[int], new: list[int]) -> None:
+        """Prompts `new` take over the batch rows `slots_` of finished ones: each is prefilled on its own and written
+        into its row of the caches, right-aligned (its other columns masked), so the rest of the batch is not copied."""
+        nonlocal valid, draft_valid, t_draft
+        c, v, first, lens, chunk = prefill(new)
+        idx = torch.tensor(slots_, device=dev)
+        if v.shape[1] > valid.shape[1]:                   # a prompt longer than the batch's columns: widen them
+            widen(cache, v.shape[1] - valid.shape[1])
+            valid = F.pad(valid, (v.shape[1] - valid.shape[1], 0))
+        put_rows(cache, c, idx)
+        valid[idx] = F.pad(v, (valid.shape[1] - v.shape[1], 0))
+        anchor[idx], start[idx] = first, lens
+        for i, r in zip(slots_, new):
+            live[i] = r
+        if drafter is None:
+            return
+        draft_valid[idx] = False
+        if drafting and draft_valid.shape[1] and not drafter.config.anchor_feature:
+            # while the batch drafts, the new prompts enter the draft cache by themselves now: left pending, the
+            # next draft would take them in padded to every row of the batch (a drafter that reads the feature
+            # before its anchor in the draft's own context waits for the next draft instead)
+            t0, dc = time.perf_counter(), new_cache()
+            block = torch.ones(len(new), drafter.config.block_size, dtype=torch.bool, device=dev)
+            drafter.take_in(chunk[0], chunk[2], first, lens, dc, key_valid=torch.cat([v, block], dim=1))
+            if v.shape[1] > draft_valid.shape[1]:
+                widen(draft_cache, v.shape[1] - draft_valid.shape[1])
+                draft_valid = F.pad(draft_valid, (v.shape[1] - draft_valid.shape[1], 0))
+            put_rows(draft_cache, dc, idx)
+            draft_valid[idx] = F.pad(v, (draft_valid.shape[1] - v.shape[1], 0))
+            t_draft += time.perf_counter() - t0
+        else:
+            pending.append((new, *chunk))
 
     while True:
-        rows = [i for i, r in enumerate(live) if not done[r]]
-        if len(rows) < len(live):                                     # drop the rows that finished
+        finished = [i for i, r in enumerate(live) if done[r]]
+        if finished and queue:                                        # their rows take the next prompts
+            new, queue = queue[:len(finished)], queue[len(finished):]
+            refill(finished[:len(new)], new)
+            pending = [c for c in pending if not set(c[0]).isdisjoint(live)]      # (chunks of gone prompts only)
+            trim()
+            continue                          # (a new prompt may stop at its first token; the rest of `finished`
+        if finished:                          # leaves below, as no prompt waits)
+            rows = [i for i, r in enumerate(live) if not done[r]]
             live = [live[i] for i in rows]
             if not live:
                 break
@@ -162,10 +264,19 @@ def batched_generate(target, drafter, prompts_ids: list[list[int]], max_new_toke
             if draft_cache is not None:
                 draft_cache.batch_select_indices(sel)
                 draft_valid = draft_valid[sel]
-            pending = [tuple(x[sel] for x in chunk) for chunk in pending]
+            pending = [c for c in pending if not set(c[0]).isdisjoint(live)]
+            trim()
+        if not live:                                                  # the first prompts
+            new, queue = queue[:slots], queue[slots:]
+            cache, valid, first, start, chunk = prefill(new)
+            anchor, valid, live = first.clone(), valid.clone(), list(new)     # (written in place later)
+            pending = [(new, *chunk)] if chunk is not None else []
+            draft_cache = new_cache() if drafter is not None else None
+            draft_valid = torch.zeros(len(new), 0, dtype=torch.bool, device=dev)
+            continue
         room = max(budget[r] - len(tokens[r]) for r in live) - 1     # the bonus token takes the last slot
         n = min(n_drafts if fixed is None else fixed, room)
-        taken = sum(c[0].shape[1] for c in pending)                  # context positions the next draft takes in
+        taken = sum(c[1].shape[1] for c in pending)                  # context positions the next draft takes in
         copies = [lookups[r].offer(n) for r in live] if lookups is not None and n > 0 else None
         # every row repeats itself: verify the copies and leave the drafter out (its context waits)
         copy_only = copies is not None and all(copies)
@@ -176,7 +287,11 @@ def batched_generate(target, drafter, prompts_ids: list[list[int]], max_new_toke
             drafted = torch.tensor(copies, device=dev)
         elif n > 0:
             block = torch.ones(len(live), drafter.config.block_size, dtype=torch.bool, device=dev)
-            feats, feats_valid, feats_pos = (torch.cat(x, dim=1) for x in zip(*pending))
+            if pending:
+                feats, feats_valid, feats_pos = gather(pending)
+            else:                             # every live row's context is in the draft cache (new rows took theirs)
+                feats = feats_pos = None
+                feats_valid = torch.zeros(len(live), 0, dtype=torch.bool, device=dev)
             key_valid = torch.cat([draft_valid, feats_valid, block], dim=1)
             cands = None
             if copiers is not None:
@@ -194,6 +309,8 @@ def batched_generate(target, drafter, prompts_ids: list[list[int]], max_new_toke
                     drafted[i] = torch.tensor(copy[:n], device=dev)
         else:
             drafted = torch.empty(len(live), 0, dtype=torch.long, device=dev)
+        if not copy_only:
+            drafting = n > 0
         for i, r in enumerate(live):
             copied[r] = bool(copies and copies[i]) and drafted.shape[1] > 0
         t1 = time.perf_counter()
@@ -233,7 +350,7 @@ def batched_generate(target, drafter, prompts_ids: list[list[int]], max_new_toke
             valid = valid[:, :-cut]
         m = k - cut
         if taps is not None:
-            pending.append((out.features[:, :m], new_valid[:, :m], vpos[:, :m]))
+            pending.append((list(live), out.features[:, :m], new_valid[:, :m], vpos[:, :m]))
         anchor = torch.tensor([tokens[r][-1] for r in live], device=dev)
         start = start + keep
         if noise is not None:

@@ -13,6 +13,12 @@ still its buffer: `crop` (inherited) narrows the view, tree compaction writes in
 `batch_select_indices` (inherited) replaces it with a new tensor; `update` writes in place only while `keys` is a
 prefix view of the buffer with room left, and otherwise copies the current contents into a fresh buffer first.
 Sliding-window and other special layers of a model's config are left as Hugging Face builds them.
+
+Batched decoding with a queue of prompts (decoding/batched.py) also writes a new sequence into a finished row of a
+running batch (`put_rows`: in place, right-aligned, the row's older positions hidden by the attention mask), and
+rarely copies: `widen` (zeros in front, for a prompt longer than the batch's positions) and `drop_left` (leading
+positions no live row attends to any more) hand the layer new tensors, which its next `update` copies into a fresh
+buffer, as after `batch_select_indices`.
 """
 from __future__ import annotations
 
@@ -94,6 +100,43 @@ def new_cache(config=None, capacity: int | None = None) -> DynamicCache:
             cache.layers = [GrowingLayer(capacity) if type(layer) is DynamicLayer else layer
                             for layer in cache.layers]
     return cache
+
+
+def _plain_layers(cache: DynamicCache) -> list:
+    """The cache's initialized layers, which must be plain full-attention ones (a sliding window keeps only its last
+    positions, so its columns do not line up with the batch's)."""
+    layers = [layer for layer in cache.layers if layer.is_initialized and layer.keys.numel() > 0]
+    if any(layer.is_sliding for layer in layers):
+        raise ValueError("joining or trimming batch rows needs full-attention cache layers, not sliding windows")
+    return layers
+
+
+def _pad_left(x: torch.Tensor, n: int) -> torch.Tensor:
+    """x [b, h, T, d] with n zero positions in front (masked holes: nothing attends to them)."""
+    return x if n == 0 else torch.cat([x.new_zeros(*x.shape[:-2], n, x.shape[-1]), x], dim=-2)
+
+
+def put_rows(cache: DynamicCache, other: DynamicCache, rows: torch.Tensor) -> None:
+    """Write `other`'s rows into rows `rows` of `cache`, in place and right-aligned (batched decoding handing a
+    finished row's place to a new sequence); `cache` must be at least as long. The row's positions before them keep
+    their old contents, which the caller's attention mask hides."""
+    for a, b in zip(_plain_layers(cache), _plain_layers(other), strict=True):
+        for name in ("keys", "values"):
+            x, y = getattr(a, name), getattr(b, name)
+            x[rows, :, x.shape[-2] - y.shape[-2]:] = y
+
+
+def widen(cache: DynamicCache, n: int) -> None:
+    """Put n zero positions in front of every row (room for a longer sequence to be right-aligned; a copy)."""
+    for layer in _plain_layers(cache):
+        layer.keys, layer.values = _pad_left(layer.keys, n), _pad_left(layer.values, n)
+
+
+def drop_left(cache: DynamicCache, n: int) -> None:
+    """Remove the first n positions of every row (columns that no live row attends to any more)."""
+    if n > 0:
+        for layer in _plain_layers(cache):
+            layer.keys, layer.values = layer.keys[..., n:, :], layer.values[..., n:, :]
 
 
 @contextmanager

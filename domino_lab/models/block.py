@@ -83,6 +83,10 @@ class BlockDrafter(Drafter):
         return hs
 
     @torch.no_grad()
+    def take_in(self, ctx_feats, ctx_start, anchor, start, cache, key_valid=None) -> None:
+        self._block_states(ctx_feats, ctx_start, anchor, start, cache, key_valid)   # (the block's states unused)
+
+    @torch.no_grad()
     def draft(self, ctx_feats, ctx_start, anchor, start, cache, n=None, temperature=0.0, top_p=1.0, generator=None,
               topk=5, key_valid=None, ctx_ids=None, copy=None, noise=None) -> Draft:
         cfg = self.config

@@ -116,6 +116,14 @@ class Drafter(nn.Module, metaclass=ABCMeta):
         drafter picks (Gumbel-coupled sampling, sampling.GumbelNoise; it then drafts greedily: temperature 0).
         """
 
+    @torch.no_grad()
+    def take_in(self, ctx_feats: torch.Tensor, ctx_start, anchor: torch.Tensor, start, cache,
+                key_valid: torch.Tensor | None = None) -> None:
+        """Append a context to the draft cache without keeping a draft (batched decoding's new rows, whose prompts
+        are taken in by themselves rather than padded to the whole batch); arguments as for `draft`. This default
+        drafts one token and drops it; families override it with their context pass alone."""
+        self.draft(ctx_feats, ctx_start, anchor, start, cache, n=1, key_valid=key_valid)
+
     @abstractmethod
     def training_blocks(self, ctx_feats: torch.Tensor, input_ids: torch.Tensor, loss_mask: torch.Tensor,
                         anchors: torch.Tensor, keep: torch.Tensor, prefix_mode: str = "teacher_forcing",
