@@ -5,7 +5,8 @@ prompt, so the same code runs on CPU, on a GPU (bf16 via `precision`), and data-
     rows = predict("default", "default", "math", max_new_tokens=128)          # one dict per prompt
 
 or `python -m domino_lab.inference --prompts math --out runs/predict.jsonl [--devices 2 --strategy ddp]`; with
-`--batched --batch-size N` each batch's prompts are decoded together (decoding/batched.py).
+`--batched --batch-size N` each batch's prompts are decoded together (decoding/batched.py), and with `--slots S` as
+a queue through S rows at a time (continuous batching: a finished row's place goes to the batch's next prompt).
 """
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ class SpeculativeDecoder(pl.LightningModule):
 
     def __init__(self, target, drafter=None, max_new_tokens: int = 128, temperature: float = 0.0,
                  top_p: float = 1.0, block_size: int | None = None, seed: int = 0, steps: bool = True,
-                 tree_nodes: int = 0, sampler: str = "rejection", batched: bool = False):
+                 tree_nodes: int = 0, sampler: str = "rejection", batched: bool = False, slots: int | None = None):
         super().__init__()
         self.target, self.drafter = target, drafter
         # registered as submodules so Lightning moves them to the device (and casts them for the precision)
@@ -46,7 +47,7 @@ class SpeculativeDecoder(pl.LightningModule):
             check_batched(drafter, tree_nodes, temperature, sampler, block_size, steps)
         self.gen = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, block_size=block_size,
                         tree_nodes=tree_nodes, sampler=sampler)
-        self.seed, self.steps, self.batched = seed, steps, batched
+        self.seed, self.steps, self.batched, self.slots = seed, steps, batched, slots
 
     def predict_step(self, batch: list[dict], batch_idx: int, dataloader_idx: int = 0) -> list[dict]:
         from .decoding import speculative_generate
@@ -75,7 +76,8 @@ class SpeculativeDecoder(pl.LightningModule):
         g = self.gen
         ids = [prompt_token_ids(self.target, row["prompt"], what=f"prompt {row['id']!r}") for row in batch]
         res = batched_generate(self.target, self.drafter, ids, g["max_new_tokens"], temperature=g["temperature"],
-                               top_p=g["top_p"], sampler=g["sampler"], row_seeds=[self._seed(row) for row in batch])
+                               top_p=g["top_p"], sampler=g["sampler"], row_seeds=[self._seed(row) for row in batch],
+                               slots=self.slots)
         out = []
         for row, toks, lengths, reason in zip(batch, res.token_ids, res.acceptance_lengths, res.stop_reasons):
             text = self.target.decode(toks) if self.target.tokenizer else ""
@@ -84,7 +86,8 @@ class SpeculativeDecoder(pl.LightningModule):
                         "mean_acceptance_length": sum(lengths) / len(lengths) if lengths else 0.0,
                         "target_forward_calls": 1 + len(lengths), "wall_time_s": res.wall_time_s,
                         "prefill_time_s": None, "tokens_per_s": len(toks) / res.wall_time_s if res.wall_time_s else 0.0,
-                        "num_new_tokens": len(toks), "stop_reason": reason, "batch_size": len(batch)})
+                        "num_new_tokens": len(toks), "stop_reason": reason, "batch_size": len(batch),
+                        "slots": min(self.slots or len(batch), len(batch))})
         return out
 
 
@@ -116,18 +119,25 @@ def predict(target, drafter, prompts, *, max_new_tokens: int = 128, temperature:
             block_size: int | None = None, seed: int = 0, batch_size: int = 1, accelerator: str = "auto",
             devices="auto", strategy: str = "auto", precision: str | None = None, dtype: str | None = None,
             steps: bool = True, options=None, tree_nodes: int = 0, sampler: str = "rejection",
-            batched: bool = False) -> list[dict]:
+            batched: bool = False, slots: int | None = None) -> list[dict]:
     """Decode an eval set (name, JSONL path or list of {id, prompt}) with `Trainer.predict`; returns this
     process's rows (all rows on a single device; each rank's share under data parallelism). `options`: the
     InferenceOptions a drafter given by name runs with; `tree_nodes` > 0 verifies draft trees of that many nodes;
     `sampler` how T > 0 verifies (speculative_generate). `batched`: each batch of `batch_size` prompts is decoded
-    together (decoding/batched.py: same tokens, no per-step records, so `steps` must be False)."""
+    together (decoding/batched.py: same tokens, no per-step records, so `steps` must be False); `slots`: at most that
+    many of a batch's prompts at once, a finished row's place going to the next (continuous batching; batched only;
+    None = the whole batch at once)."""
     from .data.eval_sets import load_eval_set
     from .models import load_drafter
     from .target import Target
 
     if not (isinstance(batch_size, int) and batch_size >= 1):
         raise UserError(f"batch size must be a whole number >= 1, got {batch_size!r}")
+    if slots is not None:
+        if not batched:
+            raise UserError("slots apply to batched inference: add --batched (batched=True) or drop --slots")
+        if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
+            raise UserError(f"slots must be a whole number >= 1, got {slots!r}")
     rows = load_eval_set(prompts) if isinstance(prompts, (str, Path)) else list(prompts)
     if not rows:
         raise UserError("no prompts to decode")
@@ -137,7 +147,7 @@ def predict(target, drafter, prompts, *, max_new_tokens: int = 128, temperature:
     if isinstance(drafter, str):
         drafter = load_drafter(drafter, target, options=options)
     module = SpeculativeDecoder(target, drafter, max_new_tokens, temperature, top_p, block_size, seed, steps,
-                                tree_nodes, sampler, batched)
+                                tree_nodes, sampler, batched, slots)
     trainer = pl.Trainer(accelerator=accelerator, devices=devices, strategy=strategy,
                          precision=precision or "32-true", logger=False, enable_checkpointing=False,
                          enable_progress_bar=sys.stderr.isatty(), enable_model_summary=False)
@@ -161,6 +171,9 @@ def main(argv=None) -> int:
     p.add_argument("--batched", action="store_true",
                    help="decode each batch's prompts together (batched decoding: the same tokens, throughput at "
                         "larger batches, no per-step records in the output)")
+    p.add_argument("--slots", type=int, default=None, metavar="S",
+                   help="with --batched: decode each batch as a queue through S rows at a time, a finished row's place "
+                        "going to the batch's next prompt (continuous batching; default: the whole batch at once)")
     p.add_argument("--accelerator", default="auto")
     p.add_argument("--devices", default="auto")
     p.add_argument("--strategy", default="auto")
@@ -189,12 +202,16 @@ def main(argv=None) -> int:
     from .target import Target, use_decode_threads
 
     target = Target.from_pretrained(args.target, dtype=args.dtype)
-    use_decode_threads(target, args.threads, rows=args.batch_size if args.batched else 1)
+    if args.slots is not None and (not args.batched or args.slots < 1):
+        raise UserError(f"--slots takes a whole number >= 1 with --batched, got --slots {args.slots}"
+                        + ("" if args.batched else " without --batched"))
+    use_decode_threads(target, args.threads,
+                       rows=min(args.slots or args.batch_size, args.batch_size) if args.batched else 1)
     out = predict(target, args.drafter, rows, max_new_tokens=args.max_new_tokens,
                   temperature=args.temperature, batch_size=args.batch_size, accelerator=args.accelerator,
                   devices=devices, strategy=args.strategy, precision=args.precision, dtype=args.dtype,
                   options=InferenceOptions.from_args(args), tree_nodes=args.tree_nodes, sampler=args.sampler,
-                  batched=args.batched, steps=not args.batched)
+                  batched=args.batched, slots=args.slots, steps=not args.batched)
     path = Path(args.out)
     rank = out[0]["rank"] if out else 0
     if rank:

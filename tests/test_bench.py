@@ -230,6 +230,11 @@ def test_predict_batched_matches_one_at_a_time(dirs):
             assert sum(b["acceptance_lengths"]) + 1 == len(b["token_ids"]) == b["num_new_tokens"]
             assert "steps" not in b
         assert [r["batch_size"] for r in together] == [2, 2, 1]
+        # all three prompts in one Lightning batch, decoded as a queue through 2 slots: the same tokens again
+        queued = predict(target, drafter, prompts, max_new_tokens=16, accelerator="cpu", devices=1, batch_size=3,
+                         steps=False, batched=True, slots=2, **kw)
+        assert [r["token_ids"] for r in queued] == [r["token_ids"] for r in one], kw
+        assert [(r["batch_size"], r["slots"]) for r in queued] == [(3, 2)] * 3
     # the one-at-a-time path samples the same whatever the batch size (rejection sampling too)
     a, b = (predict(target, drafter, prompts, max_new_tokens=12, accelerator="cpu", devices=1, batch_size=size,
                     steps=False, temperature=1.0, seed=3) for size in (1, 2))
@@ -237,11 +242,12 @@ def test_predict_batched_matches_one_at_a_time(dirs):
     from domino_lab.decoding.batched import batched_generate
     with pytest.raises(UserError, match="row_seeds"):
         batched_generate(target, drafter, [[5, 6], [7]], 4, temperature=1.0, sampler="gumbel", row_seeds=[1])
-    for bad, match in (({"tree_nodes": 4}, "tree"), ({"temperature": 1.0}, "gumbel"), ({"steps": True}, "records"),
+    for bad, match in (({"slots": 0}, "slots must be"), ({"slots": 2, "batched": False}, "add --batched"),
+                       ({"tree_nodes": 4}, "tree"), ({"temperature": 1.0}, "gumbel"), ({"steps": True}, "records"),
                        ({"block_size": 4}, "block"), ({"drafter": str(root / "domino"), "options": cutoff}, "cutoff")):
         kw = {"drafter": drafter, "steps": False} | bad
         with pytest.raises(UserError, match=match):
-            predict(target, prompts=prompts, max_new_tokens=4, accelerator="cpu", devices=1, batched=True, **kw)
+            predict(target, prompts=prompts, max_new_tokens=4, accelerator="cpu", devices=1, **({"batched": True} | kw))
 
 
 def test_inference_cli_batched(dirs, tmp_path, capsys):
@@ -259,6 +265,10 @@ def test_inference_cli_batched(dirs, tmp_path, capsys):
         assert [r["batch_size"] for r in rows] == [3, 3, 3] and all("steps" not in r for r in rows)
         with pytest.raises(UserError, match="tree"):
             main(base + ["--out", str(tmp_path / "bad.jsonl"), "--batched", "--tree-nodes", "4"])
+        assert main(base + ["--out", str(out), "--batched", "--batch-size", "3", "--slots", "2"]) == 0
+        assert [json.loads(x)["slots"] for x in out.read_text().splitlines()] == [2, 2, 2]
+        with pytest.raises(UserError, match="without --batched"):
+            main(base + ["--out", str(tmp_path / "bad.jsonl"), "--slots", "2"])
         with pytest.raises(UserError, match="--batch-size must be at least 1"):
             main(base + ["--out", str(tmp_path / "bad.jsonl"), "--batch-size", "0"])
         assert not (tmp_path / "bad.jsonl").exists()
