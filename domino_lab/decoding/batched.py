@@ -24,9 +24,10 @@ from ..errors import UserError
 from ..validation import check_seed, check_token_ids
 from ..models.options import BATCH_DRAFTS
 from .adaptive import DraftCount
-from .kv_cache import drop_left, new_cache, put_rows, widen
+from .kv_cache import drop_left, new_cache, put_rows, stack_rows, widen
 from .lookup import copy_index, copy_inputs, draft_lookup
 
+PREFILL_SLACK = 1.25   # prompts prefilled in one forward: at most this many padded positions per real one
 TRIM_COLUMNS = 64      # leading cache columns no live row attends to, trimmed once at least this many (each trim copies
                        # the cache, so not every step)
 
@@ -138,7 +139,7 @@ def batched_generate(target, drafter, prompts_ids: list[list[int]], max_new_toke
     copiers = [None] * b if copy_k else None
     lengths: list[list[int]] = [[] for _ in range(b)]
 
-    def prefill(new: list[int]):
+    def prefill_group(new: list[int]):
         """Run prompts `new` through the target (left padding: every row's last prompt token in the last column)
         and pick their first tokens. Returns their cache, validity [n, w] (True = a real token), first tokens,
         lengths and the target features the drafter has not taken in (features [n, w, kH], validity, positions;
@@ -167,6 +168,31 @@ def batched_generate(target, drafter, prompts_ids: list[list[int]], max_new_toke
                 copiers[r] = copy_index(copy_k)
         chunk = (out.features, valid_new, ar[None] - (w - lens)[:, None]) if taps is not None else None
         return c, valid_new, first, lens, chunk
+
+    def prefill(new: list[int]):
+        """prefill_group over prompts of similar length at a time (one padded forward over prompts of 57 to 186 tokens
+        did 1.6x the work), the groups' rows then stacked right-aligned. Returns the prompts in their new order and
+        prefill_group's results for them."""
+        order = sorted(new, key=lambda r: len(prompts_ids[r]))
+        groups = [[order[0]]]
+        for r in order[1:]:
+            g = groups[-1]
+            if len(prompts_ids[r]) * (len(g) + 1) <= PREFILL_SLACK * (sum(len(prompts_ids[q]) for q in g)
+                                                                       + len(prompts_ids[r])):
+                g.append(r)
+            else:
+                groups.append([r])
+        parts = [prefill_group(g) for g in groups]
+        if len(parts) == 1:
+            return order, *parts[0]
+        w = max(v.shape[1] for _, v, *_ in parts)
+        left = [w - v.shape[1] for _, v, *_ in parts]
+        valid_new = torch.cat([F.pad(v, (n, 0)) for n, (_, v, *_) in zip(left, parts)])
+        first, lens = (torch.cat([p[i] for p in parts]) for i in (2, 3))
+        chunk = None if parts[0][4] is None else (
+            torch.cat([F.pad(f, (0, 0, n, 0)) for n, (*_, (f, _, _)) in zip(left, parts)]), valid_new,
+            torch.cat([F.pad(q, (n, 0), value=-1) for n, (*_, (_, _, q)) in zip(left, parts)]))
+        return order, stack_rows([p[0] for p in parts]), valid_new, first, lens, chunk
 
     def gather(chunks: list) -> tuple:
         """The pending chunks for the live rows, joined along the context: features [rows, C, kH], validity and
@@ -216,7 +242,7 @@ def batched_generate(target, drafter, prompts_ids: list[list[int]], max_new_toke
         """Prompts `new` take over the batch rows `slots_` of finished ones: each is prefilled on its own and written
         into its row of the caches, right-aligned (its other columns masked), so the rest of the batch is not copied."""
         nonlocal valid, draft_valid, t_draft
-        c, v, first, lens, chunk = prefill(new)
+        new, c, v, first, lens, chunk = prefill(new)
         idx = torch.tensor(slots_, device=dev)
         if v.shape[1] > valid.shape[1]:                   # a prompt longer than the batch's columns: widen them
             widen(cache, v.shape[1] - valid.shape[1])
@@ -268,7 +294,7 @@ def batched_generate(target, drafter, prompts_ids: list[list[int]], max_new_toke
             trim()
         if not live:                                                  # the first prompts
             new, queue = queue[:slots], queue[slots:]
-            cache, valid, first, start, chunk = prefill(new)
+            new, cache, valid, first, start, chunk = prefill(new)
             anchor, valid, live = first.clone(), valid.clone(), list(new)     # (written in place later)
             pending = [(new, *chunk)] if chunk is not None else []
             draft_cache = new_cache() if drafter is not None else None

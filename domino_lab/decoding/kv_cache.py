@@ -126,6 +126,18 @@ def put_rows(cache: DynamicCache, other: DynamicCache, rows: torch.Tensor) -> No
             x[rows, :, x.shape[-2] - y.shape[-2]:] = y
 
 
+def stack_rows(caches: list[DynamicCache]) -> DynamicCache:
+    """The rows of several caches as one (the first, refilled), right-aligned at the longest, zeros in front that the
+    caller's attention mask hides."""
+    layers = [_plain_layers(c) for c in caches]
+    n = max(ls[0].keys.shape[-2] for ls in layers)
+    for i, layer in enumerate(layers[0]):
+        for name in ("keys", "values"):
+            setattr(layer, name, torch.cat([_pad_left(getattr(ls[i], name), n - getattr(ls[i], name).shape[-2])
+                                            for ls in layers]))
+    return caches[0]
+
+
 def widen(cache: DynamicCache, n: int) -> None:
     """Put n zero positions in front of every row (room for a longer sequence to be right-aligned; a copy)."""
     for layer in _plain_layers(cache):
