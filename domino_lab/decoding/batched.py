@@ -5,7 +5,8 @@ numbers of drafts, so instead of cropping per row (a cache has one length) the r
 the caches as *holes*: an attention mask hides them from every later query, and explicit position ids
 give each row its own positions. Slots rejected by every row are cropped, and rows that finish leave the batch;
 with fewer `slots` than prompts the prompts queue, and a finished row's place goes to the next one (continuous
-batching: its prompt is prefilled on its own and written into that row of the caches, docs/design.md#continuous-batching).
+batching: its prompt is prefilled and written into that row of the caches, docs/design.md#continuous-batching).
+Prompts that enter together are prefilled in groups of similar length, not padded to the longest.
 How many drafts a step verifies is the adaptive count of decoding/adaptive.py by default
 (docs/design.md#adaptive-batched-drafts). `drafter=None` is batched plain decoding through the same code. Greedy,
 or sampled with the gumbel sampler (docs/design.md#gumbel-coupled-sampling), which verifies by the greedy rule: each

@@ -15,8 +15,9 @@ prefix view of the buffer with room left, and otherwise copies the current conte
 Sliding-window and other special layers of a model's config are left as Hugging Face builds them.
 
 Batched decoding with a queue of prompts (decoding/batched.py) also writes a new sequence into a finished row of a
-running batch (`put_rows`: in place, right-aligned, the row's older positions hidden by the attention mask), and
-rarely copies: `widen` (zeros in front, for a prompt longer than the batch's positions) and `drop_left` (leading
+running batch (`put_rows`: in place, right-aligned, the row's older positions hidden by the attention mask), stacks
+the caches of prompts prefilled in groups (`stack_rows`, right-aligned, only those new rows copied), and rarely copies
+the batch: `widen` (zeros in front, for a prompt longer than the batch's positions) and `drop_left` (leading
 positions no live row attends to any more) hand the layer new tensors, which its next `update` copies into a fresh
 buffer, as after `batch_select_indices`.
 """
