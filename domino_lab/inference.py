@@ -133,11 +133,11 @@ def predict(target, drafter, prompts, *, max_new_tokens: int = 128, temperature:
 
     if not (isinstance(batch_size, int) and batch_size >= 1):
         raise UserError(f"batch size must be a whole number >= 1, got {batch_size!r}")
-    if slots is not None:
-        if not batched:
-            raise UserError("slots apply to batched inference: add --batched (batched=True) or drop --slots")
-        if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
-            raise UserError(f"slots must be a whole number >= 1, got {slots!r}")
+    from .decoding.batched import check_slots
+
+    if check_slots(slots) is not None and not batched:
+        raise UserError("--slots without --batched: slots apply to batched inference; add --batched (batched=True) "
+                        "or drop --slots")
     rows = load_eval_set(prompts) if isinstance(prompts, (str, Path)) else list(prompts)
     if not rows:
         raise UserError("no prompts to decode")
@@ -202,9 +202,6 @@ def main(argv=None) -> int:
     from .target import Target, use_decode_threads
 
     target = Target.from_pretrained(args.target, dtype=args.dtype)
-    if args.slots is not None and (not args.batched or args.slots < 1):
-        raise UserError(f"--slots takes a whole number >= 1 with --batched, got --slots {args.slots}"
-                        + ("" if args.batched else " without --batched"))
     use_decode_threads(target, args.threads,
                        rows=min(args.slots or args.batch_size, args.batch_size) if args.batched else 1)
     out = predict(target, args.drafter, rows, max_new_tokens=args.max_new_tokens,

@@ -21,6 +21,17 @@ def pytest_configure(config):
         torch.set_num_threads(1)
 
 
+@pytest.fixture(autouse=True)
+def _keep_torch_threads():
+    """CLIs and experiment scripts set the decoders' thread count for their process; a test that runs one in-process
+    must not leave it to the next test."""
+    import torch
+
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="session")
 def target():
     """The tiny float64 target most core tests use (files needing another shape define their own `target`)."""

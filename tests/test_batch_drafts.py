@@ -3,7 +3,6 @@ configuration lossless, with the step gain and step cost that explain each; bad 
 import json
 
 import pytest
-import torch
 
 from core_helpers import experiment_script
 from domino_lab.errors import UserError
@@ -15,12 +14,8 @@ def _module():
 
 def test_batch_drafts_compares_counts_losslessly(tmp_path):
     mod = _module()
-    threads = torch.get_num_threads()
-    try:
-        assert mod.main(["--sets", "math", "--limit", "3", "--batch-sizes", "2", "--counts", "0", "2",
-                         "--max-new-tokens", "6", "--rounds", "1", "--threads", "1", "--out", str(tmp_path)]) == 0
-    finally:
-        torch.set_num_threads(threads)
+    assert mod.main(["--sets", "math", "--limit", "3", "--batch-sizes", "2", "--counts", "0", "2",
+                     "--max-new-tokens", "6", "--rounds", "1", "--threads", "1", "--out", str(tmp_path)]) == 0
     out = json.loads((tmp_path / "batch_drafts.json").read_text())
     row = out["results"]["math"]["2"]
     assert row["threads"] == 1
@@ -41,13 +36,9 @@ def test_batch_drafts_compares_counts_losslessly(tmp_path):
 def test_batch_drafts_continuous_queue(tmp_path):
     """--continuous: the set decodes as one queue through `batch` slots, every configuration still lossless."""
     mod = _module()
-    threads = torch.get_num_threads()
-    try:
-        assert mod.main(["--sets", "humaneval", "--limit", "5", "--batch-sizes", "2", "--counts", "2",
-                         "--max-new-tokens", "6", "--rounds", "1", "--threads", "1", "--continuous",
-                         "--out", str(tmp_path)]) == 0
-    finally:
-        torch.set_num_threads(threads)
+    assert mod.main(["--sets", "humaneval", "--limit", "5", "--batch-sizes", "2", "--counts", "2",
+                     "--max-new-tokens", "6", "--rounds", "1", "--threads", "1", "--continuous",
+                     "--out", str(tmp_path)]) == 0
     out = json.loads((tmp_path / "batch_drafts.json").read_text())
     assert out["meta"]["continuous"] is True
     for r in out["results"]["humaneval"]["2"]["configs"].values():

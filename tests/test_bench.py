@@ -2,7 +2,6 @@
 import json
 
 import pytest
-import torch
 
 from domino_lab import Drafter, Target, speculative_generate
 from domino_lab.errors import run_cli
@@ -258,19 +257,15 @@ def test_inference_cli_batched(dirs, tmp_path, capsys):
     out = tmp_path / "pred.jsonl"
     base = ["--target", tdir, "--dtype", "float64", "--drafter", str(root / "domino"), "--prompts", prompts,
             "--max-new-tokens", "8", "--accelerator", "cpu", "--devices", "1", "--threads", "1"]
-    threads = torch.get_num_threads()
-    try:
-        assert main(base + ["--out", str(out), "--batched", "--batch-size", "3"]) == 0
-        rows = [json.loads(x) for x in out.read_text().splitlines()]
-        assert [r["batch_size"] for r in rows] == [3, 3, 3] and all("steps" not in r for r in rows)
-        with pytest.raises(UserError, match="tree"):
-            main(base + ["--out", str(tmp_path / "bad.jsonl"), "--batched", "--tree-nodes", "4"])
-        assert main(base + ["--out", str(out), "--batched", "--batch-size", "3", "--slots", "2"]) == 0
-        assert [json.loads(x)["slots"] for x in out.read_text().splitlines()] == [2, 2, 2]
-        with pytest.raises(UserError, match="without --batched"):
-            main(base + ["--out", str(tmp_path / "bad.jsonl"), "--slots", "2"])
-        with pytest.raises(UserError, match="--batch-size must be at least 1"):
-            main(base + ["--out", str(tmp_path / "bad.jsonl"), "--batch-size", "0"])
-        assert not (tmp_path / "bad.jsonl").exists()
-    finally:
-        torch.set_num_threads(threads)          # the CLI sets its decoding threads for the process
+    assert main(base + ["--out", str(out), "--batched", "--batch-size", "3"]) == 0
+    rows = [json.loads(x) for x in out.read_text().splitlines()]
+    assert [r["batch_size"] for r in rows] == [3, 3, 3] and all("steps" not in r for r in rows)
+    with pytest.raises(UserError, match="tree"):
+        main(base + ["--out", str(tmp_path / "bad.jsonl"), "--batched", "--tree-nodes", "4"])
+    assert main(base + ["--out", str(out), "--batched", "--batch-size", "3", "--slots", "2"]) == 0
+    assert [json.loads(x)["slots"] for x in out.read_text().splitlines()] == [2, 2, 2]
+    with pytest.raises(UserError, match="without --batched"):
+        main(base + ["--out", str(tmp_path / "bad.jsonl"), "--slots", "2"])
+    with pytest.raises(UserError, match="--batch-size must be at least 1"):
+        main(base + ["--out", str(tmp_path / "bad.jsonl"), "--batch-size", "0"])
+    assert not (tmp_path / "bad.jsonl").exists()

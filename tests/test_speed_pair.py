@@ -4,7 +4,6 @@ import json
 import math
 
 import pytest
-import torch
 
 from core_helpers import experiment_script
 from domino_lab.errors import UserError
@@ -16,12 +15,8 @@ def _module():
 
 def test_speed_pair_reports_paired_ratios(tmp_path):
     mod = _module()
-    threads = torch.get_num_threads()
-    try:
-        assert mod.main(["--sets", "math", "--limit", "3", "--max-new-tokens", "8", "--rounds", "2", "--threads", "1",
-                         "--a", "dom=default", "--b", "dfl=default-dflash", "--out", str(tmp_path / "r")]) == 0
-    finally:
-        torch.set_num_threads(threads)          # the script sets the decoders' thread count for its process
+    assert mod.main(["--sets", "math", "--limit", "3", "--max-new-tokens", "8", "--rounds", "2", "--threads", "1",
+                     "--a", "dom=default", "--b", "dfl=default-dflash", "--out", str(tmp_path / "r")]) == 0
     res = json.loads((tmp_path / "r" / "speed_pair.json").read_text())["results"]["math"]
     assert res["identical"] and res["prompts"] == 3 and res["wins"] + res["losses"] == 3
     logs = [math.log(p["wall_s_dfl"] / p["wall_s_dom"]) for p in res["per_prompt"]]
@@ -38,13 +33,9 @@ def test_speed_pair_reports_paired_ratios(tmp_path):
 def test_speed_pair_samples_at_a_temperature_with_options(tmp_path):
     """At T > 0 each round is a seeded sample; a label's options (@key=value) reach its drafter."""
     mod = _module()
-    threads = torch.get_num_threads()
-    try:
-        assert mod.main(["--sets", "math", "--limit", "2", "--max-new-tokens", "6", "--rounds", "2", "--threads", "1",
-                         "--temperature", "1", "--a", "fused=default", "--b", "fast=default@head_impl=fast",
-                         "--out", str(tmp_path / "r")]) == 0
-    finally:
-        torch.set_num_threads(threads)
+    assert mod.main(["--sets", "math", "--limit", "2", "--max-new-tokens", "6", "--rounds", "2", "--threads", "1",
+                     "--temperature", "1", "--a", "fused=default", "--b", "fast=default@head_impl=fast",
+                     "--out", str(tmp_path / "r")]) == 0
     out = json.loads((tmp_path / "r" / "speed_pair.json").read_text())
     res = out["results"]["math"]
     assert out["meta"]["temperature"] == 1.0 and res["identical"] is None
@@ -60,15 +51,11 @@ def test_speed_pair_gumbel_sampler_checks_the_texts_match(tmp_path):
     """With the gumbel sampler on both sides a seed fixes the text: the two drafters' samples must be identical,
     and the report says so (with --sampler-b rejection they are not compared)."""
     mod = _module()
-    threads = torch.get_num_threads()
-    try:
-        assert mod.main(["--sets", "math", "--limit", "2", "--max-new-tokens", "12", "--rounds", "2", "--threads", "1",
-                         "--temperature", "1", "--sampler", "gumbel", "--out", str(tmp_path / "g")]) == 0
-        assert mod.main(["--sets", "math", "--limit", "1", "--max-new-tokens", "6", "--rounds", "1", "--threads", "1",
-                         "--temperature", "1", "--sampler", "gumbel", "--sampler-b", "rejection",
-                         "--out", str(tmp_path / "r")]) == 0
-    finally:
-        torch.set_num_threads(threads)
+    assert mod.main(["--sets", "math", "--limit", "2", "--max-new-tokens", "12", "--rounds", "2", "--threads", "1",
+                     "--temperature", "1", "--sampler", "gumbel", "--out", str(tmp_path / "g")]) == 0
+    assert mod.main(["--sets", "math", "--limit", "1", "--max-new-tokens", "6", "--rounds", "1", "--threads", "1",
+                     "--temperature", "1", "--sampler", "gumbel", "--sampler-b", "rejection",
+                     "--out", str(tmp_path / "r")]) == 0
     res = json.loads((tmp_path / "g" / "speed_pair.json").read_text())["results"]["math"]
     assert res["identical"] is True
     assert "sampler gumbel" in (tmp_path / "g" / "speed_pair.md").read_text()

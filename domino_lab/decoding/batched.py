@@ -25,7 +25,7 @@ from ..errors import UserError
 from ..validation import check_seed, check_token_ids
 from ..models.options import BATCH_DRAFTS
 from .adaptive import DraftCount
-from .kv_cache import drop_left, new_cache, put_rows, stack_rows, widen
+from .kv_cache import new_cache, place_rows, stack_rows, trim_left
 from .lookup import copy_index, copy_inputs, draft_lookup
 
 PREFILL_SLACK = 1.25   # prompts prefilled in one forward: at most this many padded positions per real one
@@ -59,6 +59,13 @@ def check_batched_mode(drafter, temperature: float, top_p: float = 1.0, sampler:
     if drafter is not None and not drafter.supports_batched:
         raise UserError(f"batched decoding does not support the '{drafter.config.method}' drafter (its caches "
                         "cannot hold ragged rows); decode it one sequence at a time (speculative_generate)")
+
+
+def check_slots(slots: int | None) -> int | None:
+    """The rows a queue decodes at once (None = every prompt at once), or one error."""
+    if slots is not None and (isinstance(slots, bool) or not isinstance(slots, int) or slots < 1):
+        raise UserError(f"slots must be a whole number >= 1 (the rows decoded at once), got {slots!r}")
+    return slots
 
 
 @torch.no_grad()
@@ -105,9 +112,7 @@ def batched_generate(target, drafter, prompts_ids: list[list[int]], max_new_toke
     for row_seed in row_seeds:
         check_seed(row_seed)
     dev, b = target.device, len(prompts_ids)
-    slots = b if slots is None else slots
-    if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
-        raise UserError(f"slots (rows decoded at once) must be a whole number >= 1, got {slots!r}")
+    slots = b if check_slots(slots) is None else slots
     width = max(map(len, prompts_ids))
     if width >= target.max_length:
         raise UserError(f"a prompt has {width} tokens but the target's context is {target.max_length}")
@@ -225,37 +230,32 @@ def batched_generate(target, drafter, prompts_ids: list[list[int]], max_new_toke
     policy = DraftCount(n_drafts) if drafts == "adaptive" and n_drafts else None
     drafting = drafter is not None and fixed != 0      # whether the drafter ran in the latest step (copies aside)
 
+    def still_needed(chunks: list) -> list:
+        """The pending chunks that hold a live row (the others only held prompts that are done)."""
+        alive = set(live)
+        return [c for c in chunks if not alive.isdisjoint(c[0])]
+
     def trim() -> None:
         """Drop the leading cache columns that no live row attends to any more (those of rows that left), once there
         are enough of them to pay for the copy."""
         nonlocal valid, draft_valid
-        lead = int(valid.any(0).long().argmax())
-        if lead >= TRIM_COLUMNS:
-            drop_left(cache, lead)
-            valid = valid[:, lead:]
+        valid = trim_left(cache, valid, TRIM_COLUMNS)
         if draft_valid.shape[1]:
-            lead = int(draft_valid.any(0).long().argmax()) if draft_valid.any() else draft_valid.shape[1]
-            if lead >= TRIM_COLUMNS:
-                drop_left(draft_cache, lead)
-                draft_valid = draft_valid[:, lead:]
+            draft_valid = trim_left(draft_cache, draft_valid, TRIM_COLUMNS)
 
     def refill(slots_: list[int], new: list[int]) -> None:
-        """Prompts `new` take over the batch rows `slots_` of finished ones: each is prefilled on its own and written
-        into its row of the caches, right-aligned (its other columns masked), so the rest of the batch is not copied."""
+        """Prompts `new` take over the batch rows `slots_` of finished ones: they are prefilled and written into
+        those rows of the caches, right-aligned (the rows' older columns masked), so the rest of the batch is not
+        copied."""
         nonlocal valid, draft_valid, t_draft
         new, c, v, first, lens, chunk = prefill(new)
         idx = torch.tensor(slots_, device=dev)
-        if v.shape[1] > valid.shape[1]:                   # a prompt longer than the batch's columns: widen them
-            widen(cache, v.shape[1] - valid.shape[1])
-            valid = F.pad(valid, (v.shape[1] - valid.shape[1], 0))
-        put_rows(cache, c, idx)
-        valid[idx] = F.pad(v, (valid.shape[1] - v.shape[1], 0))
+        valid = place_rows(cache, valid, c, v, idx)
         anchor[idx], start[idx] = first, lens
         for i, r in zip(slots_, new):
             live[i] = r
         if drafter is None:
             return
-        draft_valid[idx] = False
         if drafting and draft_valid.shape[1] and not drafter.config.anchor_feature:
             # while the batch drafts, the new prompts enter the draft cache by themselves now: left pending, the
             # next draft would take them in padded to every row of the batch (a drafter that reads the feature
@@ -263,13 +263,10 @@ def batched_generate(target, drafter, prompts_ids: list[list[int]], max_new_toke
             t0, dc = time.perf_counter(), new_cache()
             block = torch.ones(len(new), drafter.config.block_size, dtype=torch.bool, device=dev)
             drafter.take_in(chunk[0], chunk[2], first, lens, dc, key_valid=torch.cat([v, block], dim=1))
-            if v.shape[1] > draft_valid.shape[1]:
-                widen(draft_cache, v.shape[1] - draft_valid.shape[1])
-                draft_valid = F.pad(draft_valid, (v.shape[1] - draft_valid.shape[1], 0))
-            put_rows(draft_cache, dc, idx)
-            draft_valid[idx] = F.pad(v, (draft_valid.shape[1] - v.shape[1], 0))
+            draft_valid = place_rows(draft_cache, draft_valid, dc, v, idx)
             t_draft += time.perf_counter() - t0
         else:
+            draft_valid[idx] = False
             pending.append((new, *chunk))
 
     while True:
@@ -277,7 +274,7 @@ def batched_generate(target, drafter, prompts_ids: list[list[int]], max_new_toke
         if finished and queue:                                        # their rows take the next prompts
             new, queue = queue[:len(finished)], queue[len(finished):]
             refill(finished[:len(new)], new)
-            pending = [c for c in pending if not set(c[0]).isdisjoint(live)]      # (chunks of gone prompts only)
+            pending = still_needed(pending)
             trim()
             continue                          # (a new prompt may stop at its first token; the rest of `finished`
         if finished:                          # leaves below, as no prompt waits)
@@ -291,7 +288,7 @@ def batched_generate(target, drafter, prompts_ids: list[list[int]], max_new_toke
             if draft_cache is not None:
                 draft_cache.batch_select_indices(sel)
                 draft_valid = draft_valid[sel]
-            pending = [c for c in pending if not set(c[0]).isdisjoint(live)]
+            pending = still_needed(pending)
             trim()
         if not live:                                                  # the first prompts
             new, queue = queue[:slots], queue[slots:]

@@ -15,9 +15,9 @@ prefix view of the buffer with room left, and otherwise copies the current conte
 Sliding-window and other special layers of a model's config are left as Hugging Face builds them.
 
 Batched decoding with a queue of prompts (decoding/batched.py) also writes a new sequence into a finished row of a
-running batch (`put_rows`: in place, right-aligned, the row's older positions hidden by the attention mask), stacks
+running batch (`place_rows`: in place, right-aligned, the row's older positions hidden by the attention mask), stacks
 the caches of prompts prefilled in groups (`stack_rows`, right-aligned, only those new rows copied), and rarely copies
-the batch: `widen` (zeros in front, for a prompt longer than the batch's positions) and `drop_left` (leading
+the batch: `widen` (zeros in front, for a prompt longer than the batch's positions) and `trim_left` (leading
 positions no live row attends to any more) hand the layer new tensors, which its next `update` copies into a fresh
 buffer, as after `batch_select_indices`.
 """
@@ -150,6 +150,30 @@ def drop_left(cache: DynamicCache, n: int) -> None:
     if n > 0:
         for layer in _plain_layers(cache):
             layer.keys, layer.values = layer.keys[..., n:, :], layer.values[..., n:, :]
+
+
+def place_rows(cache: DynamicCache, valid: torch.Tensor, other: DynamicCache, other_valid: torch.Tensor,
+               rows: torch.Tensor) -> torch.Tensor:
+    """`other`'s sequences (their validity [n, w], True = a real position) written into rows `rows` of `cache`,
+    right-aligned, the caches widened first if they are longer; returns the batch's validity with those rows
+    replaced (their earlier positions masked)."""
+    extra = other_valid.shape[1] - valid.shape[1]
+    if extra > 0:
+        widen(cache, extra)
+        valid = torch.nn.functional.pad(valid, (extra, 0))
+    put_rows(cache, other, rows)
+    valid[rows] = torch.nn.functional.pad(other_valid, (valid.shape[1] - other_valid.shape[1], 0))
+    return valid
+
+
+def trim_left(cache: DynamicCache, valid: torch.Tensor, least: int) -> torch.Tensor:
+    """Drop the leading positions no row attends to (validity [rows, positions]) when there are at least `least` of
+    them (each trim copies the cache); returns the validity that is left."""
+    lead = int(valid.any(0).long().argmax()) if valid.any() else valid.shape[1]
+    if lead < least:
+        return valid
+    drop_left(cache, lead)
+    return valid[:, lead:]
 
 
 @contextmanager
