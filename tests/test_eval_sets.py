@@ -167,6 +167,17 @@ def test_malformed_jsonl_names_file_and_line(tmp_path, lines, msg):
         load_eval_set(str(f))
 
 
+def test_sets_joined_by_plus_queue_one_after_the_other(tmp_path):
+    f = tmp_path / "mine.jsonl"
+    f.write_text('{"id": "a", "prompt": "def f():"}\n{"id": "b", "prompt": "x"}\n')
+    joined = load_eval_set(f"math+{f}", limit=1)
+    assert joined == load_eval_set("math", limit=1) + [{"id": "a", "prompt": "def f():"}]     # limit: per part
+    with pytest.raises(UserError, match="prompt id 'math/[0-9]+' twice; join different sets"):
+        load_eval_set("math+math", limit=2)
+    with pytest.raises(UserError, match="eval set 'gsm8k' is not a known evaluation set"):
+        load_eval_set("math+gsm8k")
+
+
 def test_unknown_name_lists_known_sets(tmp_path):
     with pytest.raises(UserError) as e:
         load_eval_set("gsm8k")

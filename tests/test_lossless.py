@@ -236,6 +236,64 @@ def test_a_queue_of_prompts_decodes_each_as_alone(target, plain, trained, method
             assert res.acceptance_lengths == alone, slots
 
 
+def test_a_draft_after_plain_steps_takes_in_its_context_compacted(target, plain, trained, monkeypatch):
+    """Plain steps leave their positions pending, one chunk per step, and a prompt that joins holds nothing in the
+    older chunks: the draft that follows takes them in compacted (each row's positions right-aligned, columns no row
+    needs dropped). The drafts are those of the padded chunks (the same acceptance, step for step), and every prompt
+    still equals its own decoding."""
+    from domino_lab.decoding import batched
+    from domino_lab.decoding.adaptive import DraftCount
+
+    class Scripted(DraftCount):            # runs of plain steps between drafting steps, the same in every decode
+        def __init__(self, n_max):
+            super().__init__(n_max)
+            self.script = iter([0, 0, 0, 4, 0, 4, 4, 0, 0] * 20)
+
+        def choose(self, rows, room, pending=0):
+            return min(next(self.script), room)
+
+    monkeypatch.setattr(batched, "DraftCount", Scripted)
+    prompts = PROMPTS[:10]
+    widths = []
+
+    def spy(feats, valid, pos):
+        out = compact(feats, valid, pos)
+        widths.append((valid.shape[1], out[1].shape[1]))
+        return out
+
+    d = trained["domino", True]
+    drafts = []
+    draft = d.draft
+    monkeypatch.setattr(d, "draft", lambda *a, **kw: (r := draft(*a, **kw), drafts.append(r.base_topk))[0])
+    compact = batched.compact
+    monkeypatch.setattr(batched, "compact", spy)
+    res = batched.batched_generate(target, d, prompts, 24, drafts="adaptive", slots=3)
+    assert res.token_ids == [plain[tuple(p)] for p in prompts]
+    assert any(after < before for before, after in widths), widths
+    compacted, drafts = drafts, []
+    monkeypatch.setattr(batched, "compact", lambda feats, valid, pos: (feats, valid, pos))
+    padded = batched.batched_generate(target, d, prompts, 24, drafts="adaptive", slots=3)
+    assert padded.acceptance_lengths == res.acceptance_lengths
+    assert len(drafts) == len(compacted)
+    for (ids_a, logits_a), (ids_b, logits_b) in zip(drafts, compacted):    # every slot's top drafts, their logits
+        assert torch.equal(ids_a, ids_b)
+        torch.testing.assert_close(logits_a, logits_b, rtol=1e-4, atol=1e-4)
+
+
+def test_compact_right_aligns_each_rows_context():
+    from domino_lab.decoding.batched import compact
+
+    valid = torch.tensor([[1, 0, 1, 0, 0, 1], [0, 0, 0, 0, 1, 0], [0, 1, 1, 0, 1, 0]], dtype=torch.bool)
+    pos = torch.arange(6).expand(3, -1) + 10 * torch.arange(3)[:, None]
+    feats = pos[..., None].float().expand(-1, -1, 2)
+    f, v, p = compact(feats, valid, pos)
+    assert v.tolist() == [[True] * 3, [False, False, True], [True] * 3]
+    assert p[v].tolist() == pos[valid].tolist()                   # each row's positions, in order
+    assert torch.equal(f[..., 0], p.float()) and f.shape == (3, 3, 2)
+    full = torch.ones(2, 4, dtype=torch.bool)
+    assert compact(feats[:2, :4], full, pos[:2, :4])[1] is full   # nothing to drop: unchanged
+
+
 def test_slots_must_be_a_positive_whole_number(target):
     from domino_lab.decoding.batched import batched_generate
     from domino_lab.errors import UserError

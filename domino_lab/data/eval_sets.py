@@ -7,6 +7,8 @@
 - `code`: 128 function-header prompts cut from the held-out standard-library files.
 - `unseen`, `fresh` (OUTSIDE_SETS): function headers from installed third-party packages and hand-written word
   problems, prompts from outside every training corpus.
+- `A+B` (e.g. `humaneval+math`): the prompts of A, then those of B (`limit` applies to each part): one queue whose
+  text changes kind part way, as a server's traffic does.
 - any other value is read as a JSONL file with one `{"id": ..., "prompt": ...}` object per line.
 
 `function_header_prompts` is also how `domino_lab.regenerate` builds its code prompts from the
@@ -68,6 +70,14 @@ def load_eval_set(name_or_path: str, limit: int | None = None, cache_dir=None) -
     if limit is not None and (not isinstance(limit, int) or limit < 1):
         raise UserError(f"limit must be a positive integer, got {limit!r}")
     name = str(name_or_path)
+    if "+" in name and not Path(name).expanduser().is_file():
+        items = [x for part in name.split("+") for x in load_eval_set(part, limit, cache_dir)]
+        seen = set()
+        for x in items:
+            if x["id"] in seen:
+                raise UserError(f"eval set {name!r} has the prompt id {x['id']!r} twice; join different sets")
+            seen.add(x["id"])
+        return items
     if name == "humaneval":
         items = humaneval_prompts()
     elif name == "math":
@@ -80,7 +90,7 @@ def load_eval_set(name_or_path: str, limit: int | None = None, cache_dir=None) -
         path = Path(name).expanduser()
         if not path.is_file():
             what = "is a directory, not a JSONL file" if path.is_dir() else "is not a known evaluation set"
-            raise UserError(f"eval set {name!r} {what}; use one of {', '.join(EVAL_SETS)} "
+            raise UserError(f"eval set {name!r} {what}; use one of {', '.join(EVAL_SETS)} (or several joined by +) "
                             'or the path of a JSONL file with one {"id": ..., "prompt": ...} per line')
         items = read_prompts_jsonl(path)
     items = [dict(x) for x in items]  # fresh dicts: callers may mutate them without poisoning caches

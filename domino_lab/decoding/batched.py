@@ -68,6 +68,20 @@ def check_slots(slots: int | None) -> int | None:
     return slots
 
 
+def compact(feats: torch.Tensor, valid: torch.Tensor, pos: torch.Tensor) -> tuple:
+    """Context waiting for the draft cache, features [rows, C, kH] with validity and positions [rows, C], with each
+    row's valid positions moved to the right end in order and the columns no row needs dropped. A draft after plain
+    steps takes in chunks in which most rows hold nothing (a prompt that joined, holes of rejected drafts): 803
+    columns of which each of 16 rows needed at most ~260, each taken in by every row and then attended to by every
+    later draft. The draft cache does not need its columns aligned across rows (each row has its own positions and
+    validity)."""
+    keep = int(valid.sum(1).max())
+    if keep == valid.shape[1]:
+        return feats, valid, pos
+    idx = torch.sort(valid.to(torch.uint8), dim=1, stable=True).indices[:, valid.shape[1] - keep:]
+    return feats.gather(1, idx[..., None].expand(-1, -1, feats.shape[-1])), valid.gather(1, idx), pos.gather(1, idx)
+
+
 @torch.no_grad()
 def batched_generate(target, drafter, prompts_ids: list[list[int]], max_new_tokens: int = 128,
                      drafts: str | int | None = None, temperature: float = 0.0, top_p: float = 1.0, seed: int = 0,
@@ -201,8 +215,8 @@ def batched_generate(target, drafter, prompts_ids: list[list[int]], max_new_toke
         return order, stack_rows([p[0] for p in parts]), valid_new, first, lens, chunk
 
     def gather(chunks: list) -> tuple:
-        """The pending chunks for the live rows, joined along the context: features [rows, C, kH], validity and
-        positions [rows, C]. A chunk holds the rows that were live when it was made; rows that joined later take
+        """The pending chunks for the live rows, joined along the context and compacted: features [rows, C, kH],
+        validity and positions [rows, C]. A chunk holds the rows that were live when it was made; rows that joined later take
         nothing from it (not valid)."""
         parts = []
         for rows_c, *xs in chunks:
@@ -213,7 +227,7 @@ def batched_generate(target, drafter, prompts_ids: list[list[int]], max_new_toke
             idx = torch.tensor([at.get(r, -1) for r in live], device=dev)
             f, v, p = (x[idx.clamp(min=0)] for x in xs)
             parts.append((f, v & (idx >= 0)[:, None], p))
-        return tuple(torch.cat(x, dim=1) for x in zip(*parts))
+        return compact(*(torch.cat(x, dim=1) for x in zip(*parts)))
 
     t_start = time.perf_counter()
     queue = list(range(b))                 # prompts waiting for a slot, in order
@@ -226,7 +240,9 @@ def batched_generate(target, drafter, prompts_ids: list[list[int]], max_new_toke
     live: list[int] = []
     cache = draft_cache = valid = anchor = start = draft_valid = None
     pending: list = []
+    owed: dict[int, int] = {}              # per prompt, its valid positions in `pending`
     steps, t_draft, t_verify = 0, 0.0, 0.0
+    t_joined = 0.0                         # draft time spent taking in joining prompts since the latest step
     policy = DraftCount(n_drafts) if drafts == "adaptive" and n_drafts else None
     drafting = drafter is not None and fixed != 0      # whether the drafter ran in the latest step (copies aside)
 
@@ -247,7 +263,7 @@ def batched_generate(target, drafter, prompts_ids: list[list[int]], max_new_toke
         """Prompts `new` take over the batch rows `slots_` of finished ones: they are prefilled and written into
         those rows of the caches, right-aligned (the rows' older columns masked), so the rest of the batch is not
         copied."""
-        nonlocal valid, draft_valid, t_draft
+        nonlocal valid, draft_valid, t_draft, t_joined
         new, c, v, first, lens, chunk = prefill(new)
         idx = torch.tensor(slots_, device=dev)
         valid = place_rows(cache, valid, c, v, idx)
@@ -264,10 +280,12 @@ def batched_generate(target, drafter, prompts_ids: list[list[int]], max_new_toke
             block = torch.ones(len(new), drafter.config.block_size, dtype=torch.bool, device=dev)
             drafter.take_in(chunk[0], chunk[2], first, lens, dc, key_valid=torch.cat([v, block], dim=1))
             draft_valid = place_rows(draft_cache, draft_valid, dc, v, idx)
-            t_draft += time.perf_counter() - t0
+            dt = time.perf_counter() - t0
+            t_draft, t_joined = t_draft + dt, t_joined + dt
         else:
             draft_valid[idx] = False
             pending.append((new, *chunk))
+            owed.update(zip(new, lens.tolist()))
 
     while True:
         finished = [i for i, r in enumerate(live) if done[r]]
@@ -295,12 +313,14 @@ def batched_generate(target, drafter, prompts_ids: list[list[int]], max_new_toke
             new, cache, valid, first, start, chunk = prefill(new)
             anchor, valid, live = first.clone(), valid.clone(), list(new)     # (written in place later)
             pending = [(new, *chunk)] if chunk is not None else []
+            owed.update(zip(new, start.tolist()))
             draft_cache = new_cache() if drafter is not None else None
             draft_valid = torch.zeros(len(new), 0, dtype=torch.bool, device=dev)
             continue
         room = max(budget[r] - len(tokens[r]) for r in live) - 1     # the bonus token takes the last slot
         n = min(n_drafts if fixed is None else fixed, room)
-        taken = sum(c[1].shape[1] for c in pending)                  # context positions the next draft takes in
+        # context positions per row the next draft takes in (its pending context, compacted)
+        taken = max(owed.get(r, 0) for r in live) if pending else 0
         copies = [lookups[r].offer(n) for r in live] if lookups is not None and n > 0 else None
         # every row repeats itself: verify the copies and leave the drafter out (its context waits)
         copy_only = copies is not None and all(copies)
@@ -328,6 +348,7 @@ def batched_generate(target, drafter, prompts_ids: list[list[int]], max_new_toke
                                     copy=cands, noise=g).tokens
             draft_valid = torch.cat([draft_valid, feats_valid], dim=1)
             pending = []
+            owed.clear()
             for i, copy in enumerate(copies or []):
                 if copy:
                     drafted[i] = torch.tensor(copy[:n], device=dev)
@@ -352,7 +373,10 @@ def batched_generate(target, drafter, prompts_ids: list[list[int]], max_new_toke
         if policy is not None:
             # the drafter's acceptance from the rows it drafted for (copied rows accept by other rules)
             by_drafter = None if copy_only or not n else [int(a) for i, a in enumerate(acc) if not copied[live[i]]]
-            policy.update(drafted.shape[1], len(live), t2 - t1, by_drafter, t1 - t0, taken)
+            # the step's draft pays for the prompts that joined while the batch drafted (plain steps leave them
+            # pending, and their catch-up is charged when drafting resumes)
+            policy.update(drafted.shape[1], len(live), t2 - t1, by_drafter, t1 - t0 + t_joined, taken)
+        t_joined = 0.0
 
         keep = acc + 1
         for i, r in enumerate(live):
@@ -375,6 +399,8 @@ def batched_generate(target, drafter, prompts_ids: list[list[int]], max_new_toke
         m = k - cut
         if taps is not None:
             pending.append((list(live), out.features[:, :m], new_valid[:, :m], vpos[:, :m]))
+            for r, kept in zip(live, keep.tolist()):
+                owed[r] = owed.get(r, 0) + kept
         anchor = torch.tensor([tokens[r][-1] for r in live], device=dev)
         start = start + keep
         if noise is not None:
