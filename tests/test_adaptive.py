@@ -131,35 +131,6 @@ def test_plain_steps_wait_for_evidence():
     assert 8 <= tried <= 9 and p.choose(1, 8, pending=1) == 0     # (the counts age by 1% a step)
 
 
-def test_plain_steps_are_interrupted_by_probes_that_back_off():
-    """Acceptance is learned only while drafting, so a run of plain steps is interrupted by a probe (the whole block)
-    every PROBE_EVERY plain steps; a probe whose drafts still do not pay doubles the wait, and one whose drafts do
-    (the text changed: new prompts in a queue) brings drafting back and resets the wait."""
-    from domino_lab.decoding.adaptive import PROBE_EVERY, PROBE_MAX
-
-    p = DraftCount(8)
-    line = lambda x: 10e-3 + 0.2e-3 * x                   # noqa: E731
-    _explore(p, rows=16, accepted=0, t_draft=15e-3, verify=line)
-
-    def plain_run() -> int:
-        k = 0
-        while (n := p.choose(16, 100, pending=1 + k)) == 0:
-            p.update(0, 16, 0.8 * line(16))
-            k += 1
-        assert n == 8                                      # a probe verifies the whole block
-        return k
-
-    gaps = []
-    for _ in range(5):
-        gaps.append(plain_run())
-        p.update(8, 16, line(16 * 9), [0] * 16, 30e-3, taken=gaps[-1] + 1)      # the probe's drafts still miss
-    assert gaps[0] >= PROBE_EVERY - 2 and gaps[1:] == [2 * PROBE_EVERY, 4 * PROBE_EVERY, PROBE_MAX, PROBE_MAX], gaps
-    assert p.probes == 5
-    plain_run()
-    p.update(8, 16, line(16 * 9), [8] * 16, 30e-3, taken=PROBE_MAX + 1)         # now the drafts are all accepted
-    assert p.choose(16, 100, pending=9) == 8 and p.probe_wait == PROBE_EVERY
-
-
 class _FixedCosts(PlainFallback):
     """The engine's policy with its measured times replaced by fixed ones (draft 3 ms, verify 8 ms, plain step
     5 ms): what it chooses then depends on the committed counts alone, not on how loaded the machine is."""

@@ -19,19 +19,12 @@ block (every position's acceptance; its draft takes in the prompt, which gives t
 one draft (a steady draft's time, a second point on the line), the next two none (a plain step's time, the
 cheaper of two, so that one hiccup cannot make drafting look good for the rest of the batch); then the whole
 block until eight rows have tried the first draft (at batch 1, eight steps).
-
-Acceptance is learned only while drafting, and the text changes: the first steps of every row are the start of its
-answer, and in a queue the rows that taught the estimate are replaced by new prompts. So after PROBE_EVERY plain
-steps in a row one step verifies the whole block again (a probe: its draft first takes in the context the plain
-steps left); when the next choice is plain again the wait before the next probe doubles, up to PROBE_MAX.
 """
 from __future__ import annotations
 
 PRIOR = 2.0        # weight, in rows, of the slow estimate as the fast one's prior
 EVIDENCE = 8.0     # rows that must have tried the first draft before plain steps may be chosen (acceptance is
                    # learned only while drafting: at batch 1 two unlucky first steps would otherwise end it)
-PROBE_EVERY = 64   # plain steps in a row before a probe re-measures acceptance; doubled after each probe that did
-PROBE_MAX = 512    # not pay (a probe costs a few plain steps at batch 16: its catch-up draft and a whole-block verify)
 
 
 def _mix(old: float | None, new: float, d: float) -> float:
@@ -55,10 +48,6 @@ class DraftCount:
         self.t_plain: tuple[float, int] | None = None    # (moving average of a plain step's time, its rows)
         self._plain_steps = 0
         self.steps = 0
-        self._plain_run = 0                # plain steps since the latest drafting step
-        self.probe_wait = PROBE_EVERY      # plain steps in a row before the next probe
-        self._probed = False               # the latest step was a probe
-        self.probes = 0
 
     def alpha(self, i: int) -> float:
         (rs, acs), (rf, acf) = self.counts["slow"], self.counts["fast"]
@@ -115,13 +104,6 @@ class DraftCount:
             cost = self.t_draft + c0 + c1 * rows * (n + 1) + catch_up / max(1.0, room / e)
             if rows * e / cost > best_rate:
                 best, best_rate = n, rows * e / cost
-        if self._probed:                   # the choice after a probe: did drafting pay again?
-            self._probed = False
-            self.probe_wait = PROBE_EVERY if best else min(PROBE_MAX, 2 * self.probe_wait)
-        if best == 0 and self._plain_run >= self.probe_wait:
-            self._probed = True
-            self.probes += 1
-            return cap
         return best
 
     def update(self, n: int, rows: int, t_verify: float, accepted: list[int] | None = None, t_draft: float = 0.0,
@@ -137,10 +119,6 @@ class DraftCount:
             if ages:
                 reached, acc = self.counts[k]
                 self.counts[k] = ([r * d for r in reached], [a * d for a in acc])
-        if drafted:
-            self._plain_run = 0
-        elif not n:
-            self._plain_run += 1
         if not n:
             # the average so far, moved along the line to this step's rows, then mixed with this step (the first
             # two: the cheaper)

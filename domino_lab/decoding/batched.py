@@ -72,7 +72,7 @@ def compact(feats: torch.Tensor, valid: torch.Tensor, pos: torch.Tensor) -> tupl
     """Context waiting for the draft cache, features [rows, C, kH] with validity and positions [rows, C], with each
     row's valid positions moved to the right end in order and the columns no row needs dropped. A draft after plain
     steps takes in chunks in which most rows hold nothing (a prompt that joined, holes of rejected drafts): 803
-    columns of which each of 16 rows needed at most ~260, each taken in by every row and then attended to by every
+    columns of which each of 16 rows needed at most ~250, each taken in by every row and then attended to by every
     later draft. The draft cache does not need its columns aligned across rows (each row has its own positions and
     validity)."""
     keep = int(valid.sum(1).max())
@@ -216,8 +216,8 @@ def batched_generate(target, drafter, prompts_ids: list[list[int]], max_new_toke
 
     def gather(chunks: list) -> tuple:
         """The pending chunks for the live rows, joined along the context and compacted: features [rows, C, kH],
-        validity and positions [rows, C]. A chunk holds the rows that were live when it was made; rows that joined later take
-        nothing from it (not valid)."""
+        validity and positions [rows, C]. A chunk holds the rows that were live when it was made; rows that joined
+        later take nothing from it (not valid)."""
         parts = []
         for rows_c, *xs in chunks:
             if rows_c == live:
