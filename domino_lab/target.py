@@ -104,7 +104,7 @@ def measure_threads(target: "Target", counts: tuple[int, ...], rows: int = 1, re
     on the embedded target about 0.7 s for 4 rows and 1.7 s for 16."""
     import time
 
-    from transformers import DynamicCache
+    from .decoding.kv_cache import new_cache
 
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, target.vocab_size, (rows, 64), generator=g).to(target.device)
@@ -113,7 +113,7 @@ def measure_threads(target: "Target", counts: tuple[int, ...], rows: int = 1, re
     for _ in range(blocks):
         for n in counts:
             with torch_threads(n):
-                cache = DynamicCache(config=target.model.config)
+                cache = new_cache(target.model.config)
                 target.forward(ids, cache=cache, last_logits_only=True, greedy=True)
                 for rep in range(reps + 2):
                     t0 = time.perf_counter()

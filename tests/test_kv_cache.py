@@ -4,8 +4,8 @@ import random
 
 import pytest
 import torch
-from transformers import DynamicCache, Qwen3Config
-from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
+from transformers import DynamicCache, Qwen3Config, Qwen3NextConfig
+from transformers.cache_utils import DynamicLayer, LinearAttentionLayer
 
 from domino_lab.decoding import kv_cache
 from domino_lab.decoding import tree as trees
@@ -108,19 +108,27 @@ def test_a_decode_allocates_each_buffer_once(shipped, monkeypatch, nodes):
     assert grown and not any(grown)
 
 
-def test_special_layers_stay_hugging_faces_and_trees_refuse_them():
+def test_sliding_layers_grow_and_special_layers_stay_hugging_faces():
     cfg = Qwen3Config(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
                       num_attention_heads=2, num_key_value_heads=1, head_dim=8, use_sliding_window=True,
                       sliding_window=4, layer_types=["sliding_attention", "full_attention"])
-    cache = kv_cache.new_cache(cfg)
-    assert [type(x) for x in cache.layers] == [DynamicSlidingWindowLayer, kv_cache.GrowingLayer]
+    assert kv_cache.has_sliding_window(cfg)
+    assert not kv_cache.has_sliding_window(Qwen3Config(num_hidden_layers=2))
+    # the window lives in the attention mask: a sliding layer keeps every position, so it can be cut back
+    assert [type(x) for x in kv_cache.new_cache(cfg).layers] == [kv_cache.GrowingLayer] * 2
     with kv_cache.kind("dynamic"):
-        assert [type(x) for x in kv_cache.new_cache(cfg).layers] == [DynamicSlidingWindowLayer, DynamicLayer]
+        assert [type(x) for x in kv_cache.new_cache(cfg).layers] == [DynamicLayer] * 2
     assert type(kv_cache.new_cache(cfg).layers[1]) is kv_cache.GrowingLayer      # the default is back
-    k = torch.zeros(1, 1, 3, 8)
-    for i in range(2):
-        cache.update(k, k, i)
-    with pytest.raises(UserError, match="sliding window"):
+    # per-token state (linear attention) stays Hugging Face's and is refused where a decoder cuts the cache back
+    nxt = Qwen3NextConfig(vocab_size=32, hidden_size=16, num_hidden_layers=4, num_attention_heads=2,
+                          num_key_value_heads=1, head_dim=8, linear_num_value_heads=2, linear_num_key_heads=2,
+                          linear_key_head_dim=8, linear_value_head_dim=8)
+    cache = kv_cache.new_cache(nxt)
+    assert LinearAttentionLayer in {type(x) for x in cache.layers}
+    with pytest.raises(UserError, match="LinearAttentionLayer layers"):
+        kv_cache.check_cache_layers(cache, "speculative decoding")
+    kv_cache.check_cache_layers(kv_cache.new_cache(cfg), "speculative decoding")
+    with pytest.raises(UserError, match="per-token state"):
         trees.compact_cache(cache, 1, [0, 1])
     with pytest.raises(ValueError, match="growing"):
         with kv_cache.kind("static"):

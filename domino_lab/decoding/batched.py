@@ -25,7 +25,7 @@ from ..errors import UserError
 from ..validation import check_seed, check_token_ids
 from ..models.options import BATCH_DRAFTS
 from .adaptive import DraftCount
-from .kv_cache import new_cache, place_rows, stack_rows, trim_left
+from .kv_cache import check_cache_layers, has_sliding_window, new_cache, place_rows, stack_rows, trim_left
 from .lookup import copy_index, copy_inputs, draft_lookup
 
 PREFILL_SLACK = 1.25   # prompts prefilled in one forward: at most this many padded positions per real one
@@ -48,10 +48,12 @@ class BatchResult:
         return sum(map(len, self.token_ids)) / self.wall_time_s if self.wall_time_s > 0 else 0.0
 
 
-def check_batched_mode(drafter, temperature: float, top_p: float = 1.0, sampler: str = "rejection") -> None:
+def check_batched_mode(drafter, temperature: float, top_p: float = 1.0, sampler: str = "rejection",
+                       target=None) -> None:
     """What batched decoding cannot do, one error each: rejection sampling at T > 0 (it is decoded one sequence at a
-    time), or a drafter whose caches cannot hold ragged rows. Callers that start work first (a Lightning run) check
-    with it up front."""
+    time), a drafter whose caches cannot hold ragged rows, a target whose cache cannot be cut back and joined (the
+    drafter's target unless `target` is given), or drafting for a target with sliding windows. Callers that start
+    work first (a Lightning run) check with it up front."""
     sampling.check_sampling(temperature, top_p, sampler)
     if temperature > 0 and sampler != "gumbel":
         raise UserError("batched decoding samples with the gumbel sampler only (rejection sampling is decoded one "
@@ -59,6 +61,14 @@ def check_batched_mode(drafter, temperature: float, top_p: float = 1.0, sampler:
     if drafter is not None and not drafter.supports_batched:
         raise UserError(f"batched decoding does not support the '{drafter.config.method}' drafter (its caches "
                         "cannot hold ragged rows); decode it one sequence at a time (speculative_generate)")
+    target = target if target is not None else drafter.target if drafter is not None else None
+    if target is not None:
+        check_cache_layers(new_cache(target.model.config), "batched decoding")
+        if drafter is not None and has_sliding_window(target.model.config):
+            # rejected drafts stay in a row as masked holes, so its cache columns run ahead of its token positions,
+            # and Hugging Face builds the window from columns (docs/design.md#sliding-window-targets)
+            raise UserError("batched speculative decoding does not support targets with sliding-window attention; "
+                            "decode such a target one sequence at a time, or batch it without a drafter")
 
 
 def check_slots(slots: int | None) -> int | None:
@@ -118,7 +128,7 @@ def batched_generate(target, drafter, prompts_ids: list[list[int]], max_new_toke
         fixed = drafts
     elif drafts not in BATCH_DRAFTS:
         raise UserError(f"unknown batch drafts policy {drafts!r}; use one of {list(BATCH_DRAFTS)} or a draft count")
-    check_batched_mode(drafter, temperature, top_p, sampler)
+    check_batched_mode(drafter, temperature, top_p, sampler, target)
     if row_seeds is None:
         row_seeds = [seed + r for r in range(len(prompts_ids))]
     if len(row_seeds) != len(prompts_ids):

@@ -17,7 +17,7 @@ from ..validation import check_seed, check_token_ids
 from .records import GenerationResult, StepRecord
 from . import tree as trees
 from .adaptive import PlainFallback
-from .kv_cache import new_cache
+from .kv_cache import check_cache_layers, has_sliding_window, new_cache
 from .lookup import copy_index, copy_inputs, draft_lookup
 from .. import sampling
 
@@ -116,6 +116,8 @@ def speculative_generate(target, drafter=None, prompt: str | None = None, prompt
     # context and a block); a buffer of that size is allocated once (docs/design.md#kv-cache)
     capacity = len(ids) + max_new_tokens + max(n_drafts, tree_nodes) + 1
     cache = new_cache(target.model.config, capacity=capacity)
+    if drafter is not None:
+        check_cache_layers(cache, "speculative decoding")
     out = target.forward(torch.tensor([ids], device=dev), cache=cache, taps=taps, last_logits_only=True,
                          greedy=greedy)
     if greedy:
@@ -203,7 +205,8 @@ def speculative_generate(target, drafter=None, prompt: str | None = None, prompt
 
             committed, acc, bonus = sampling.commit(draft_list[:acc], nxt, eos, max_new_tokens - len(tokens))
             # Target cache: it now holds start + n + 1 positions; keep the anchor and the accepted drafts.
-            cache.crop(-(len(drafts) - acc))
+            if len(drafts) > acc:          # (a plain step crops nothing: linear-attention layers refuse any crop)
+                cache.crop(-(len(drafts) - acc))
             new_feats = out.features[0, : acc + 1] if taps is not None else None
             rec = StepRecord(start=start, anchor=anchor, draft_tokens=draft_list, accepted=acc, bonus=bonus,
                              committed=committed, draft_time_s=t1 - t0, verify_time_s=t2 - t1, copied=bool(copy))
@@ -255,6 +258,9 @@ def check_tree_mode(drafter) -> None:
     if not hasattr(drafter, "tree_expander"):
         raise UserError(f"tree verification needs a block drafter (dflash or domino); the "
                         f"'{drafter.config.method}' drafter drafts one chain: use tree nodes 0 with it")
+    if has_sliding_window(drafter.target.model.config):
+        raise UserError("tree verification does not support targets with sliding-window attention (the tree's own "
+                        "attention mask would not apply the window): use chain verification (tree nodes 0)")
 
 
 def check_adaptive_mode(adaptive: bool, tree_nodes: int) -> None:

@@ -12,7 +12,13 @@ Everything the decoders do to a cache keeps working unchanged, because the layer
 still its buffer: `crop` (inherited) narrows the view, tree compaction writes into the view in place, and
 `batch_select_indices` (inherited) replaces it with a new tensor; `update` writes in place only while `keys` is a
 prefix view of the buffer with room left, and otherwise copies the current contents into a fresh buffer first.
-Sliding-window and other special layers of a model's config are left as Hugging Face builds them.
+A sliding-window layer (Mistral-style windows, Gemma's alternating local layers) is replaced by a full one too: it
+would keep only its last positions and refuse to be cropped past them, and speculative decoding crops every step.
+The window itself is in the attention mask, which Hugging Face builds from the model's config and the cache's column
+indices; a full layer keeps every position, so the mask hides the ones outside the window (it reads columns as
+token positions, true for a batch-1 decode; docs/design.md#sliding-window-targets). Other special layers (linear
+attention and other per-token state) stay as Hugging Face builds them, and `check_cache_layers` refuses them where a
+decoder would cut them back.
 
 Batched decoding with a queue of prompts (decoding/batched.py) also writes a new sequence into a finished row of a
 running batch (`place_rows`: in place, right-aligned, the row's older positions hidden by the attention mask), stacks
@@ -28,7 +34,9 @@ from functools import partial
 
 import torch
 from transformers import DynamicCache
-from transformers.cache_utils import DynamicLayer
+from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
+
+from ..errors import UserError
 
 KINDS = ("growing", "dynamic")
 _kind = "growing"
@@ -94,13 +102,32 @@ def new_cache(config=None, capacity: int | None = None) -> DynamicCache:
     `DynamicCache()` does), the plain ones growing in place unless `kind("dynamic")` is in effect; `capacity`, the
     positions the decode expects to hold (a hint: a buffer allocated at that size, grown past it if needed)."""
     cache = DynamicCache(config=config) if config is not None else DynamicCache()
-    if _kind == "growing":
-        if config is None:
-            cache.layer_class_to_replicate = partial(GrowingLayer, capacity)
-        else:
-            cache.layers = [GrowingLayer(capacity) if type(layer) is DynamicLayer else layer
-                            for layer in cache.layers]
+    plain = partial(GrowingLayer, capacity) if _kind == "growing" else DynamicLayer
+    if config is None:
+        if _kind == "growing":
+            cache.layer_class_to_replicate = plain
+    else:
+        # sliding windows become full layers: the window is in the attention mask (module docstring)
+        cache.layers = [plain() if type(layer) in (DynamicLayer, DynamicSlidingWindowLayer) else layer
+                        for layer in cache.layers]
     return cache
+
+
+def has_sliding_window(config) -> bool:
+    """Whether Hugging Face gives this model sliding-window layers (its own reading of the config: `sliding_window`,
+    `use_sliding_window`, `layer_types`)."""
+    return any(DynamicCache(config=config).is_sliding)
+
+
+def check_cache_layers(cache: DynamicCache, what: str) -> None:
+    """Speculative and batched decoding cut a cache back and move its rows; the layers of a `new_cache` left as
+    Hugging Face builds them (linear attention and other per-token state) cannot be, which is one clear error before
+    any decoding."""
+    special = sorted({type(layer).__name__ for layer in cache.layers if type(layer) not in (DynamicLayer, GrowingLayer)})
+    if special:
+        raise UserError(f"{what} needs a target whose K/V cache can be cut back to any position; this one has "
+                        f"{', '.join(special)} layers (per-token state): decode it one sequence at a time without a "
+                        "drafter")
 
 
 def _plain_layers(cache: DynamicCache) -> list:

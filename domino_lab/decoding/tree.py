@@ -278,10 +278,10 @@ def compact_cache(cache, prefix: int, rows: list[int]) -> None:
     keep = len(rows)
     contiguous = rows == list(range(keep))
     for layer in cache.layers:
-        # sliding windows / extra per-token state: gathering is not enough
+        # per-token state (linear attention): gathering rows is not enough (callers refuse such targets up front)
         if type(layer) not in (DynamicLayer, GrowingLayer):
-            raise UserError("tree verification needs a target whose cache layers are plain (no sliding window or "
-                            "other per-token state); use chain verification (tree nodes 0) with this target")
+            raise UserError("tree verification needs a target whose cache layers are plain (no linear attention or "
+                            "other per-token state); decode this target without a drafter")
         if not layer.is_initialized:
             continue
         if not contiguous:

@@ -1,0 +1,116 @@
+"""Targets with sliding-window attention (Mistral-style windows, Gemma 3's alternating local layers) and with
+linear-attention layers: every decode equals Hugging Face's own greedy decoding past the window, and what cannot be
+done exactly is one clear error before any decoding."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from transformers import Gemma3TextConfig, Gemma3ForCausalLM, MistralConfig, MistralForCausalLM
+
+from core_helpers import brief_train, greedy_sequences
+from domino_lab import Drafter, Target
+from domino_lab.decoding.batched import batched_generate
+from domino_lab.decoding.engine import speculative_generate
+from domino_lab.decoding.kv_cache import GrowingLayer, has_sliding_window, new_cache
+from domino_lab.errors import UserError
+
+V, WINDOW, NEW = 64, 6, 40
+
+
+def _target(kind: str) -> Target:
+    torch.manual_seed(0)
+    common = dict(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=8, max_position_embeddings=512, eos_token_id=3,
+                  sliding_window=WINDOW, tie_word_embeddings=False)
+    if kind == "mistral":                   # every layer slides
+        model = MistralForCausalLM(MistralConfig(**common))
+    else:                                   # local and global layers alternate
+        model = Gemma3ForCausalLM(Gemma3TextConfig(**common, layer_types=["sliding_attention", "full_attention"] * 2))
+    return Target(model.to(torch.float64), None, mask_token_id=V - 1, taps=[1, 2])
+
+
+@pytest.fixture(scope="module", params=["mistral", "gemma3"])
+def setup(request):
+    target = _target(request.param)
+    seqs = greedy_sequences(target, 32, 30)
+    d = Drafter.untrained(target, "domino", block_size=8)
+    brief_train(d, seqs, steps=40)               # drafts that are often accepted: multi-token steps past the window
+    prompts = [seqs[i, : 4 + 4 * i].tolist() for i in range(4)] + [[7, 9, 11]]
+    return target, d, prompts
+
+
+def _hf_greedy(target, prompt):
+    ids = torch.tensor([prompt])
+    out = target.model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=NEW,
+                                eos_token_id=3, pad_token_id=0)
+    return out[0, len(prompt):].tolist()
+
+
+def test_the_window_matters_for_these_targets(setup):
+    # without this the equality below would prove nothing about the window
+    target, _, prompts = setup
+    assert has_sliding_window(target.model.config)
+    windowed = [_hf_greedy(target, p) for p in prompts]
+    target.model.config.sliding_window = 10_000
+    try:
+        unwindowed = [_hf_greedy(target, p) for p in prompts]
+    finally:
+        target.model.config.sliding_window = WINDOW
+    assert windowed != unwindowed
+
+
+def test_decoding_past_the_window_equals_hugging_face_greedy(setup):
+    target, d, prompts = setup
+    assert all(type(layer) is GrowingLayer for layer in new_cache(target.model.config).layers)
+    accepted = 0
+    for p in prompts:
+        ref = _hf_greedy(target, p)
+        assert speculative_generate(target, None, prompt_ids=p, max_new_tokens=NEW).token_ids == ref
+        for opts in ({}, {"lookup": 2}, {"adaptive_drafts": True}, {"head_enabled": False}):
+            saved, head = d.options, d.head_enabled
+            d.options = dataclasses.replace(saved, **{k: v for k, v in opts.items() if k != "head_enabled"})
+            d.head_enabled = opts.get("head_enabled", head)
+            try:
+                res = speculative_generate(target, d, prompt_ids=p, max_new_tokens=NEW)
+            finally:
+                d.options, d.head_enabled = saved, head
+            assert res.token_ids == ref, (p, opts)
+            accepted += sum(s.accepted for s in res.steps)
+    assert accepted > 50                     # drafts were accepted, so caches were cut back past rejected ones
+
+
+def test_plain_batches_and_queues_equal_each_prompt_alone(setup):
+    target, _, prompts = setup
+    refs = [speculative_generate(target, None, prompt_ids=p, max_new_tokens=NEW).token_ids for p in prompts]
+    for slots in (None, 2):
+        assert batched_generate(target, None, prompts, max_new_tokens=NEW, slots=slots).token_ids == refs
+
+
+def test_what_cannot_be_exact_is_refused_before_decoding(setup):
+    target, d, prompts = setup
+    with pytest.raises(UserError, match="tree verification does not support targets with sliding-window attention"):
+        speculative_generate(target, d, prompt_ids=prompts[0], max_new_tokens=NEW, tree_nodes=16)
+    with pytest.raises(UserError, match="batched speculative decoding does not support targets with sliding-window"):
+        batched_generate(target, d, prompts, max_new_tokens=NEW)
+
+
+def test_linear_attention_layers_decode_plainly_and_refuse_a_drafter():
+    from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
+
+    torch.manual_seed(0)
+    cfg = Qwen3NextConfig(vocab_size=V, hidden_size=32, num_hidden_layers=4, num_attention_heads=4,
+                          num_key_value_heads=2, head_dim=8, intermediate_size=64, moe_intermediate_size=16,
+                          num_experts=2, num_experts_per_tok=1, linear_num_value_heads=2, linear_num_key_heads=2,
+                          linear_key_head_dim=8, linear_value_head_dim=8, max_position_embeddings=512)
+    target = Target(Qwen3NextForCausalLM(cfg), None, mask_token_id=V - 1, taps=[1, 2])   # float32: its MoE needs it
+    prompt = [5, 6, 7]
+    ids = torch.tensor([prompt])
+    hf = target.model.generate(ids, do_sample=False, max_new_tokens=8, eos_token_id=None, pad_token_id=0)
+    assert speculative_generate(target, None, prompt_ids=prompt, max_new_tokens=8).token_ids == hf[0, 3:].tolist()
+    d = Drafter.untrained(target, "dflash", block_size=4)
+    with pytest.raises(UserError, match="LinearAttentionLayer layers"):
+        speculative_generate(target, d, prompt_ids=prompt, max_new_tokens=8)
+    with pytest.raises(UserError, match="batched decoding needs a target whose K/V cache can be cut back"):
+        batched_generate(target, None, [prompt], max_new_tokens=8)
