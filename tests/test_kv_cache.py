@@ -108,7 +108,7 @@ def test_a_decode_allocates_each_buffer_once(shipped, monkeypatch, nodes):
     assert grown and not any(grown)
 
 
-def test_sliding_layers_grow_and_special_layers_stay_hugging_faces():
+def test_sliding_layers_grow_and_linear_attention_layers_stay_hugging_faces():
     cfg = Qwen3Config(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
                       num_attention_heads=2, num_key_value_heads=1, head_dim=8, use_sliding_window=True,
                       sliding_window=4, layer_types=["sliding_attention", "full_attention"])
@@ -119,15 +119,18 @@ def test_sliding_layers_grow_and_special_layers_stay_hugging_faces():
     with kv_cache.kind("dynamic"):
         assert [type(x) for x in kv_cache.new_cache(cfg).layers] == [DynamicLayer] * 2
     assert type(kv_cache.new_cache(cfg).layers[1]) is kv_cache.GrowingLayer      # the default is back
-    # per-token state (linear attention) stays Hugging Face's and is refused where a decoder cuts the cache back
+    # per-token state (linear attention) stays Hugging Face's: recorded for a chain's rollback, refused elsewhere
     nxt = Qwen3NextConfig(vocab_size=32, hidden_size=16, num_hidden_layers=4, num_attention_heads=2,
                           num_key_value_heads=1, head_dim=8, linear_num_value_heads=2, linear_num_key_heads=2,
                           linear_key_head_dim=8, linear_value_head_dim=8)
     cache = kv_cache.new_cache(nxt)
     assert LinearAttentionLayer in {type(x) for x in cache.layers}
     with pytest.raises(UserError, match="LinearAttentionLayer layers"):
-        kv_cache.check_cache_layers(cache, "speculative decoding")
-    kv_cache.check_cache_layers(kv_cache.new_cache(cfg), "speculative decoding")
+        kv_cache.check_cache_layers(cache, "batched decoding")
+    kv_cache.check_cache_layers(cache, "speculative decoding", rollback=True)      # it can record its past
+    kv_cache.check_cache_layers(kv_cache.new_cache(cfg), "batched decoding")
+    assert kv_cache.record_past(cache, 9) and cache.get_recurrent_states_to_keep() == 9
+    assert not kv_cache.record_past(kv_cache.new_cache(cfg), 9)
     with pytest.raises(UserError, match="per-token state"):
         trees.compact_cache(cache, 1, [0, 1])
     with pytest.raises(ValueError, match="growing"):

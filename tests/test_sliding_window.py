@@ -1,5 +1,5 @@
 """Targets with sliding-window attention (Mistral-style windows, Gemma 3's alternating local layers) and with
-linear-attention layers: every decode equals Hugging Face's own greedy decoding past the window, and what cannot be
+linear-attention layers: every decode equals Hugging Face's own greedy decoding (past the window), and what cannot be
 done exactly is one clear error before any decoding."""
 from __future__ import annotations
 
@@ -96,21 +96,34 @@ def test_what_cannot_be_exact_is_refused_before_decoding(setup):
         batched_generate(target, d, prompts, max_new_tokens=NEW)
 
 
-def test_linear_attention_layers_decode_plainly_and_refuse_a_drafter():
+def test_linear_attention_targets_roll_back_a_chain_and_refuse_the_rest():
+    # Qwen3-Next-style: gated delta-rule layers (a recurrent state per sequence) and one full-attention layer
     from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
 
     torch.manual_seed(0)
     cfg = Qwen3NextConfig(vocab_size=V, hidden_size=32, num_hidden_layers=4, num_attention_heads=4,
-                          num_key_value_heads=2, head_dim=8, intermediate_size=64, moe_intermediate_size=16,
-                          num_experts=2, num_experts_per_tok=1, linear_num_value_heads=2, linear_num_key_heads=2,
-                          linear_key_head_dim=8, linear_value_head_dim=8, max_position_embeddings=512)
-    target = Target(Qwen3NextForCausalLM(cfg), None, mask_token_id=V - 1, taps=[1, 2])   # float32: its MoE needs it
-    prompt = [5, 6, 7]
-    ids = torch.tensor([prompt])
-    hf = target.model.generate(ids, do_sample=False, max_new_tokens=8, eos_token_id=None, pad_token_id=0)
-    assert speculative_generate(target, None, prompt_ids=prompt, max_new_tokens=8).token_ids == hf[0, 3:].tolist()
-    d = Drafter.untrained(target, "dflash", block_size=4)
-    with pytest.raises(UserError, match="LinearAttentionLayer layers"):
-        speculative_generate(target, d, prompt_ids=prompt, max_new_tokens=8)
+                          num_key_value_heads=2, head_dim=8, intermediate_size=64, mlp_only_layers=[0, 1, 2, 3],
+                          linear_num_value_heads=2, linear_num_key_heads=2, linear_key_head_dim=8,
+                          linear_value_head_dim=8, max_position_embeddings=512, eos_token_id=3)
+    target = Target(Qwen3NextForCausalLM(cfg).to(torch.float64), None, mask_token_id=V - 1, taps=[1, 2])
+    seqs = greedy_sequences(target, 32, 30)
+    d = Drafter.untrained(target, "domino", block_size=8)
+    brief_train(d, seqs, steps=40)
+    accepted = rejected = 0
+    for p in [seqs[i, : 4 + 4 * i].tolist() for i in range(4)] + [[7, 9, 11]]:
+        ref = _hf_greedy(target, p)
+        for opts in ({}, {"lookup": 2}):
+            saved = d.options
+            d.options = dataclasses.replace(saved, **opts)
+            try:
+                res = speculative_generate(target, d, prompt_ids=p, max_new_tokens=NEW)
+            finally:
+                d.options = saved
+            assert res.token_ids == ref, (p, opts)
+            accepted += sum(s.accepted for s in res.steps)
+            rejected += sum(s.accepted < len(s.draft_tokens) for s in res.steps)
+    assert accepted > 50 and rejected > 10          # both kinds of step: states kept and states rolled back
+    with pytest.raises(UserError, match="LinearAttentionLayer layers .*chain verification"):
+        speculative_generate(target, d, prompt_ids=[5, 6, 7], max_new_tokens=8, tree_nodes=8)
     with pytest.raises(UserError, match="batched decoding needs a target whose K/V cache can be cut back"):
-        batched_generate(target, None, [prompt], max_new_tokens=8)
+        batched_generate(target, None, [[5, 6, 7]], max_new_tokens=8)

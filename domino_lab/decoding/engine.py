@@ -17,7 +17,7 @@ from ..validation import check_seed, check_token_ids
 from .records import GenerationResult, StepRecord
 from . import tree as trees
 from .adaptive import PlainFallback
-from .kv_cache import check_cache_layers, has_sliding_window, new_cache
+from .kv_cache import check_cache_layers, has_sliding_window, new_cache, record_past
 from .lookup import copy_index, copy_inputs, draft_lookup
 from .. import sampling
 
@@ -117,7 +117,8 @@ def speculative_generate(target, drafter=None, prompt: str | None = None, prompt
     capacity = len(ids) + max_new_tokens + max(n_drafts, tree_nodes) + 1
     cache = new_cache(target.model.config, capacity=capacity)
     if drafter is not None:
-        check_cache_layers(cache, "speculative decoding")
+        check_cache_layers(cache, "tree verification" if tree_nodes else "speculative decoding",
+                           rollback=not tree_nodes)
     out = target.forward(torch.tensor([ids], device=dev), cache=cache, taps=taps, last_logits_only=True,
                          greedy=greedy)
     if greedy:
@@ -129,6 +130,8 @@ def speculative_generate(target, drafter=None, prompt: str | None = None, prompt
     tokens = [int(first)]
     calls = 1
     prefill_time = time.perf_counter() - t_start
+    # linear-attention layers keep the states of a verify's tokens until the crop below picks the accepted one
+    recording = drafter is not None and record_past(cache, n_drafts + 1)
     pending = out.features[0] if taps is not None else None     # context not yet in the draft cache
     pending_start = 0
     draft_cache = new_cache(capacity=capacity + drafter.config.block_size) if drafter is not None else None
@@ -205,7 +208,9 @@ def speculative_generate(target, drafter=None, prompt: str | None = None, prompt
 
             committed, acc, bonus = sampling.commit(draft_list[:acc], nxt, eos, max_new_tokens - len(tokens))
             # Target cache: it now holds start + n + 1 positions; keep the anchor and the accepted drafts.
-            if len(drafts) > acc:          # (a plain step crops nothing: linear-attention layers refuse any crop)
+            # (linear-attention layers refuse a crop unless recording, and while recording need one every step, by 0
+            # too, which frees the states they recorded)
+            if len(drafts) > acc or recording:
                 cache.crop(-(len(drafts) - acc))
             new_feats = out.features[0, : acc + 1] if taps is not None else None
             rec = StepRecord(start=start, anchor=anchor, draft_tokens=draft_list, accepted=acc, bonus=bonus,

@@ -17,8 +17,9 @@ would keep only its last positions and refuse to be cropped past them, and specu
 The window itself is in the attention mask, which Hugging Face builds from the model's config and the cache's column
 indices; a full layer keeps every position, so the mask hides the ones outside the window (it reads columns as
 token positions, true for a batch-1 decode; docs/design.md#sliding-window-targets). Other special layers (linear
-attention and other per-token state) stay as Hugging Face builds them, and `check_cache_layers` refuses them where a
-decoder would cut them back.
+attention and other per-token state) stay as Hugging Face builds them: a batch-1 chain has them record their
+recent states (`record_past`) so that a rejected draft can be undone, and `check_cache_layers` refuses them where a
+decoder would cut them back further or move their rows.
 
 Batched decoding with a queue of prompts (decoding/batched.py) also writes a new sequence into a finished row of a
 running batch (`place_rows`: in place, right-aligned, the row's older positions hidden by the attention mask), stacks
@@ -119,15 +120,34 @@ def has_sliding_window(config) -> bool:
     return any(DynamicCache(config=config).is_sliding)
 
 
-def check_cache_layers(cache: DynamicCache, what: str) -> None:
+def _recordable(layer) -> bool:
+    """A layer holding per-token state (linear attention) whose past Hugging Face can record for a rollback."""
+    return hasattr(layer, "activate_past_recording")
+
+
+def check_cache_layers(cache: DynamicCache, what: str, rollback: bool = False) -> None:
     """Speculative and batched decoding cut a cache back and move its rows; the layers of a `new_cache` left as
     Hugging Face builds them (linear attention and other per-token state) cannot be, which is one clear error before
-    any decoding."""
-    special = sorted({type(layer).__name__ for layer in cache.layers if type(layer) not in (DynamicLayer, GrowingLayer)})
-    if special:
+    any decoding. `rollback`: a batch-1 chain, which only undoes the last verify's rejected tokens; layers that can
+    record their recent states for that (`record_past`) are accepted there."""
+    special = [layer for layer in cache.layers if type(layer) not in (DynamicLayer, GrowingLayer)]
+    refused = sorted({type(layer).__name__ for layer in special if not (rollback and _recordable(layer))})
+    if refused:
+        fix = ("decode it one sequence at a time with chain verification (tree nodes 0), or without a drafter"
+               if not rollback and all(map(_recordable, special)) else "decode it without a drafter")
         raise UserError(f"{what} needs a target whose K/V cache can be cut back to any position; this one has "
-                        f"{', '.join(special)} layers (per-token state): decode it one sequence at a time without a "
-                        "drafter")
+                        f"{', '.join(refused)} layers (per-token state): {fix}")
+
+
+def record_past(cache: DynamicCache, tokens: int) -> bool:
+    """Have the layers that hold per-token state keep their states after each of a forward's last `tokens` tokens,
+    so that `crop` can restore the state before a rejected draft (Hugging Face's own rollback for assisted decoding;
+    called after the prefill, whose states nobody needs). Returns whether any layer records; those layers then need
+    a `crop` after every forward, `crop(0)` included, which drops the recorded states."""
+    if not any(_recordable(layer) for layer in cache.layers):
+        return False
+    cache.activate_past_recording(recurrent_states_to_keep=tokens)
+    return True
 
 
 def _plain_layers(cache: DynamicCache) -> list:
