@@ -196,16 +196,13 @@ def bench_batched(b: Bench, prompts: list[dict], sizes: list[int], rounds: int =
     from tqdm.auto import tqdm
 
     from .decoding.batched import batched_generate
-    from .decoding.kv_cache import has_sliding_window
     from .target import decode_threads, torch_threads
 
     ids = [b.target.encode(p["prompt"]) for p in prompts]
     # our decoders that batch (the head's cost shows at batch 1, so its variants are left out here; tree
-    # verification decodes one sequence at a time; the draft cutoff is a batch-1 chain option; a sliding-window
-    # target batches plain decoding only, docs/design.md#sliding-window-targets)
-    sliding = has_sliding_window(b.target.model.config)
+    # verification decodes one sequence at a time; the draft cutoff is a batch-1 chain option)
     methods = [m for m in b.methods if (m == "ar" or (m in b.drafters and b.drafters[m].supports_batched
-                                                       and not b.drafters[m].options.draft_cutoff and not sliding))
+                                                       and not b.drafters[m].options.draft_cutoff))
                and m not in HEAD_VARIANTS and m not in TREE_METHODS]
     batched_generate(b.target, None, ids[:2], 4)                       # warm-up
     out: dict = {}
@@ -552,7 +549,7 @@ def main(argv: list[str] | None = None) -> int:
     drafters = {m: load_drafter(spec, target, options=o) for m, (spec, o) in specs.items()}
     for m in TREE_METHODS:
         if m in drafters:
-            check_tree_mode(drafters[m])          # e.g. a sliding-window target: one error before any decoding
+            check_tree_mode(drafters[m])          # a target whose layers a tree cannot verify: one error up front
     assistant = load_assistant(args.assistant, target, args.dtype) if "hf-assisted" in args.methods else None
     methods = [m for m in METHODS if m in args.methods] + extra
     if "ar" not in methods:

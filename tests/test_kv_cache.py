@@ -138,6 +138,25 @@ def test_sliding_layers_grow_and_linear_attention_layers_stay_hugging_faces():
             pass
 
 
+def test_window_layouts_and_the_masks_built_for_them():
+    from transformers import Gemma3TextConfig, Llama4TextConfig, MistralConfig
+
+    mixed = Gemma3TextConfig(num_hidden_layers=2, sliding_window=3, layer_types=["sliding_attention", "full_attention"])
+    assert kv_cache.window_layout(Qwen3Config(num_hidden_layers=2)) is None
+    assert kv_cache.window_layout(MistralConfig(num_hidden_layers=2, sliding_window=3)) == "all"
+    assert kv_cache.window_layout(mixed) == "mixed"
+    assert kv_cache.window_layout(Llama4TextConfig(num_hidden_layers=4)) == "other"          # chunked attention
+    mask = torch.zeros(1, 1, 2, 6)
+    q_pos, k_pos = torch.tensor([[4, 5]]), torch.arange(6)[None]
+    assert kv_cache.layer_masks(Qwen3Config(num_hidden_layers=2), mask, q_pos, k_pos) is mask
+    out = kv_cache.layer_masks(mixed, mask, q_pos, k_pos)
+    assert out["full_attention"] is mask
+    hidden = out["sliding_attention"][0, 0] < 0
+    assert hidden.tolist() == [[True, True, False, False, False, False], [True, True, True, False, False, False]]
+    with pytest.raises(UserError, match="chunked_attention"):
+        kv_cache.layer_masks(Llama4TextConfig(num_hidden_layers=4), mask, q_pos, k_pos)
+
+
 @pytest.fixture(scope="module")
 def shipped():
     from domino_lab.data.eval_sets import load_eval_set

@@ -68,12 +68,13 @@ def test_decoding_past_the_window_equals_hugging_face_greedy(setup):
     for p in prompts:
         ref = _hf_greedy(target, p)
         assert speculative_generate(target, None, prompt_ids=p, max_new_tokens=NEW).token_ids == ref
-        for opts in ({}, {"lookup": 2}, {"adaptive_drafts": True}, {"head_enabled": False}):
+        for opts in ({}, {"lookup": 2}, {"adaptive_drafts": True}, {"head_enabled": False}, {"tree": 16},
+                     {"tree": 16, "head_enabled": False}):
             saved, head = d.options, d.head_enabled
-            d.options = dataclasses.replace(saved, **{k: v for k, v in opts.items() if k != "head_enabled"})
+            d.options = dataclasses.replace(saved, **{k: opts[k] for k in ("lookup", "adaptive_drafts") if k in opts})
             d.head_enabled = opts.get("head_enabled", head)
             try:
-                res = speculative_generate(target, d, prompt_ids=p, max_new_tokens=NEW)
+                res = speculative_generate(target, d, prompt_ids=p, max_new_tokens=NEW, tree_nodes=opts.get("tree", 0))
             finally:
                 d.options, d.head_enabled = saved, head
             assert res.token_ids == ref, (p, opts)
@@ -81,19 +82,14 @@ def test_decoding_past_the_window_equals_hugging_face_greedy(setup):
     assert accepted > 50                     # drafts were accepted, so caches were cut back past rejected ones
 
 
-def test_plain_batches_and_queues_equal_each_prompt_alone(setup):
-    target, _, prompts = setup
-    refs = [speculative_generate(target, None, prompt_ids=p, max_new_tokens=NEW).token_ids for p in prompts]
-    for slots in (None, 2):
-        assert batched_generate(target, None, prompts, max_new_tokens=NEW, slots=slots).token_ids == refs
-
-
-def test_what_cannot_be_exact_is_refused_before_decoding(setup):
+def test_batches_and_queues_equal_each_prompt_alone(setup):
+    # rows keep rejected drafts as holes, so their columns run ahead of their positions: the windows are counted in
+    # positions by the verify's own mask
     target, d, prompts = setup
-    with pytest.raises(UserError, match="tree verification does not support targets with sliding-window attention"):
-        speculative_generate(target, d, prompt_ids=prompts[0], max_new_tokens=NEW, tree_nodes=16)
-    with pytest.raises(UserError, match="batched speculative decoding does not support targets with sliding-window"):
-        batched_generate(target, d, prompts, max_new_tokens=NEW)
+    refs = [speculative_generate(target, None, prompt_ids=p, max_new_tokens=NEW).token_ids for p in prompts]
+    for drafter, drafts, slots in ((None, "all", 2), (d, "all", None), (d, "adaptive", 3), (d, 3, None)):
+        out = batched_generate(target, drafter, prompts, max_new_tokens=NEW, drafts=drafts, slots=slots)
+        assert out.token_ids == refs, (drafter is not None, drafts, slots)
 
 
 def test_linear_attention_targets_roll_back_a_chain_and_refuse_the_rest():

@@ -25,7 +25,7 @@ from ..errors import UserError
 from ..validation import check_seed, check_token_ids
 from ..models.options import BATCH_DRAFTS
 from .adaptive import DraftCount
-from .kv_cache import check_cache_layers, has_sliding_window, new_cache, place_rows, stack_rows, trim_left
+from .kv_cache import check_cache_layers, layer_masks, new_cache, place_rows, stack_rows, trim_left, window_layout
 from .lookup import copy_index, copy_inputs, draft_lookup
 
 PREFILL_SLACK = 1.25   # prompts prefilled in one forward: at most this many padded positions per real one
@@ -64,11 +64,9 @@ def check_batched_mode(drafter, temperature: float, top_p: float = 1.0, sampler:
     target = target if target is not None else drafter.target if drafter is not None else None
     if target is not None:
         check_cache_layers(new_cache(target.model.config), "batched decoding")
-        if drafter is not None and has_sliding_window(target.model.config):
-            # rejected drafts stay in a row as masked holes, so its cache columns run ahead of its token positions,
-            # and Hugging Face builds the window from columns (docs/design.md#sliding-window-targets)
-            raise UserError("batched speculative decoding does not support targets with sliding-window attention; "
-                            "decode such a target one sequence at a time, or batch it without a drafter")
+        if window_layout(target.model.config) == "other":
+            raise UserError("batched decoding supports full and sliding-window attention layers; this target has "
+                            f"{sorted(set(target.model.config.layer_types))}: decode it one sequence at a time")
 
 
 def check_slots(slots: int | None) -> int | None:
@@ -168,6 +166,21 @@ def batched_generate(target, drafter, prompts_ids: list[list[int]], max_new_toke
     copied = [False] * b
     copiers = [None] * b if copy_k else None
     lengths: list[list[int]] = [[] for _ in range(b)]
+    windows = window_layout(target.model.config) is not None
+
+    def verify_mask(valid: torch.Tensor, vpos: torch.Tensor):
+        """The verify forward's attention mask: the validity of every column (holes and pads hidden) for Hugging
+        Face to build the causal mask from; with sliding windows, which Hugging Face would count in columns, a
+        full mask whose windows are counted in token positions (docs/design.md#sliding-window-targets)."""
+        if not windows:
+            return valid.long()
+        q = vpos.shape[1]
+        cols = torch.arange(valid.shape[1], device=dev)
+        seen = valid[:, None, :] & (cols[None, :] <= cols[-q:, None])[None]          # [rows, q, columns]
+        mask = torch.zeros(seen.shape, dtype=target.dtype, device=dev)
+        mask.masked_fill_(~seen, torch.finfo(target.dtype).min)
+        return layer_masks(target.model.config, mask[:, None], vpos, valid.long().cumsum(-1) - 1)
+
 
     def prefill_group(new: list[int]):
         """Run prompts `new` through the target (left padding: every row's last prompt token in the last column)
@@ -373,8 +386,8 @@ def batched_generate(target, drafter, prompts_ids: list[list[int]], max_new_toke
         verify_ids = torch.cat([anchor[:, None], drafted], dim=1)
         vpos = start[:, None] + torch.arange(k, device=dev)
         valid = torch.cat([valid, torch.ones(len(live), k, dtype=torch.bool, device=dev)], dim=1)
-        out = target.forward(verify_ids, cache=cache, taps=taps, attention_mask=valid.long(), position_ids=vpos,
-                             greedy=noise is None)
+        out = target.forward(verify_ids, cache=cache, taps=taps, attention_mask=verify_mask(valid, vpos),
+                             position_ids=vpos, greedy=noise is None)
         best = out.tokens if noise is None else choose(out.logits, live, start + 1)
         acc, nxt = sampling.greedy_accept(drafted, best)
         t2 = time.perf_counter()

@@ -17,7 +17,7 @@ from ..validation import check_seed, check_token_ids
 from .records import GenerationResult, StepRecord
 from . import tree as trees
 from .adaptive import PlainFallback
-from .kv_cache import check_cache_layers, has_sliding_window, new_cache, record_past
+from .kv_cache import check_cache_layers, layer_masks, new_cache, record_past, window_layout
 from .lookup import copy_index, copy_inputs, draft_lookup
 from .. import sampling
 
@@ -117,8 +117,7 @@ def speculative_generate(target, drafter=None, prompt: str | None = None, prompt
     capacity = len(ids) + max_new_tokens + max(n_drafts, tree_nodes) + 1
     cache = new_cache(target.model.config, capacity=capacity)
     if drafter is not None:
-        check_cache_layers(cache, "tree verification" if tree_nodes else "speculative decoding",
-                           rollback=not tree_nodes)
+        check_cache_layers(cache, "speculative decoding", rollback=True)      # (trees: check_tree_mode)
     out = target.forward(torch.tensor([ids], device=dev), cache=cache, taps=taps, last_logits_only=True,
                          greedy=greedy)
     if greedy:
@@ -257,15 +256,18 @@ def add_sampler_arg(p) -> None:
 
 
 def check_tree_mode(drafter) -> None:
-    """Tree verification needs a block drafter; anything else is one clear error."""
+    """Tree verification needs a block drafter and a target of full or sliding-window attention layers; anything
+    else is one clear error."""
     if drafter is None:
         raise UserError("tree verification (tree nodes > 0) needs a drafter; plain decoding has nothing to verify")
     if not hasattr(drafter, "tree_expander"):
         raise UserError(f"tree verification needs a block drafter (dflash or domino); the "
                         f"'{drafter.config.method}' drafter drafts one chain: use tree nodes 0 with it")
-    if has_sliding_window(drafter.target.model.config):
-        raise UserError("tree verification does not support targets with sliding-window attention (the tree's own "
-                        "attention mask would not apply the window): use chain verification (tree nodes 0)")
+    check_cache_layers(new_cache(drafter.target.model.config), "tree verification")     # linear attention
+    if window_layout(drafter.target.model.config) == "other":
+        raise UserError("tree verification supports full and sliding-window attention layers; this target has "
+                        f"{sorted(set(drafter.target.model.config.layer_types))}: use chain verification "
+                        "(tree nodes 0)")
 
 
 def check_adaptive_mode(adaptive: bool, tree_nodes: int) -> None:
@@ -311,9 +313,11 @@ def _tree_step(target, drafter, cache, draft_cache, pending, pending_start, anch
     # the LM head runs on the rows the walk is likely to visit (the anchor and its line of best children), in one
     # call, and again for the line below a node where the walk leaves that line: rarely all N + 1 rows
     likely = trees.likely_rows(tree)
-    out = target.forward(verify_ids, cache=cache, taps=taps,
-                         attention_mask=trees.attention_mask(tree, start, target.dtype, dev),
-                         position_ids=trees.positions(tree, start, dev), logits_rows=[])
+    pos = trees.positions(tree, start, dev)
+    mask = trees.attention_mask(tree, start, target.dtype, dev)
+    if window_layout(target.model.config) is not None:      # windows go into the tree's mask too (its keys' positions)
+        mask = layer_masks(target.model.config, mask, pos, torch.cat([torch.arange(start, device=dev)[None], pos], 1))
+    out = target.forward(verify_ids, cache=cache, taps=taps, attention_mask=mask, position_ids=pos, logits_rows=[])
     hidden = out.hidden[0]
     rows_logits: dict[int, torch.Tensor] = {}     # kept for the step record's top-k only
     rows_next: dict[int, int] = {}

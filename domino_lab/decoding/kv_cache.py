@@ -116,13 +116,44 @@ def new_cache(config=None, capacity: int | None = None) -> DynamicCache:
 
 def has_sliding_window(config) -> bool:
     """Whether Hugging Face gives this model sliding-window layers (its own reading of the config: `sliding_window`,
-    `use_sliding_window`, `layer_types`)."""
+    `use_sliding_window`, `layer_types`; chunked attention counts too)."""
+    if getattr(config, "sliding_window", None) is None and \
+            set(getattr(config, "layer_types", None) or ()) <= {"full_attention"}:
+        return False                    # the common case, without building a cache (a tree step asks every time)
     return any(DynamicCache(config=config).is_sliding)
 
 
 def _recordable(layer) -> bool:
     """A layer holding per-token state (linear attention) whose past Hugging Face can record for a rollback."""
     return hasattr(layer, "activate_past_recording")
+
+
+def window_layout(config) -> str | None:
+    """Where the target's sliding windows are, for a caller that builds the attention mask itself: None (nowhere),
+    "all" (every layer: one mask serves), "mixed" (`layer_types` of full and sliding layers: a mask per type) or
+    "other" (layer types such a mask does not describe, e.g. chunked attention)."""
+    if not has_sliding_window(config):
+        return None
+    types = set(getattr(config, "layer_types", None) or ())
+    if not types:
+        return "all"
+    return "mixed" if types <= {"full_attention", "sliding_attention"} else "other"
+
+
+def layer_masks(config, mask: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor):
+    """What to pass a target's forward as its attention mask, given `mask` (additive, [b, 1, q, k]: causality, holes,
+    a tree's ancestry) and the token positions of its queries [b, q] and keys [b, k]: `mask` itself without sliding
+    windows; with them, the same mask also hiding keys a window or more behind the query, for every layer ("all")
+    or, as a dict by layer type that such models take in place of building their own masks, for the sliding ones."""
+    layout = window_layout(config)
+    if layout is None:
+        return mask
+    if layout == "other":
+        raise UserError(f"this target's layer types {sorted(set(config.layer_types))} need attention masks that "
+                        "domino-lab does not build; use chain verification one sequence at a time")
+    far = (q_pos[:, :, None] - k_pos[:, None, :] >= config.sliding_window)[:, None]
+    windowed = mask.masked_fill(far, torch.finfo(mask.dtype).min)
+    return windowed if layout == "all" else {"full_attention": mask, "sliding_attention": windowed}
 
 
 def check_cache_layers(cache: DynamicCache, what: str, rollback: bool = False) -> None:
