@@ -178,6 +178,11 @@ class Target:
         # reads them several times (the model is frozen; moving it to a device keeps the same modules)
         self._embed_tokens, self._lm_head = model.get_input_embeddings(), model.get_output_embeddings()
         self.vocab_size: int = self._lm_head.weight.shape[0]
+        # the decoder stack (states before the LM head); Llama 4's causal LM keeps it as `model` under another prefix,
+        # where HF's lookup returns the causal LM itself
+        decoder = model.get_decoder()
+        self.decoder: nn.Module = model.model if decoder is model and isinstance(getattr(model, "model", None),
+                                                                                  nn.Module) else decoder
         self.max_length: int = getattr(cfg, "max_position_embeddings", 1 << 30)
         self.taps = list(taps) if taps is not None else default_tap_layers(self.num_layers)
         for j in self.taps:
@@ -316,7 +321,7 @@ class Target:
             if greedy:
                 logits, tokens = None, logits.argmax(-1)
         else:
-            out = self.model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask,
+            out = self.decoder(input_ids=input_ids, attention_mask=attention_mask,
                                            position_ids=position_ids, cache=cache, use_cache=cache is not None,
                                            output_hidden_states=taps is not None)
             hidden = out.last_hidden_state
@@ -352,7 +357,7 @@ class Target:
         the LM head, whose [t, V] logits nobody reads there (on the embedded default they cost about as much as
         the six layers). `final_states`: also return the final-normed states [b, t, H], for a loss that scores a
         few positions with the LM head (`(features, states)`)."""
-        out = self.model.get_decoder()(input_ids=input_ids, use_cache=False, output_hidden_states=True)
+        out = self.decoder(input_ids=input_ids, use_cache=False, output_hidden_states=True)
         feats = torch.cat([out.hidden_states[j + 1] for j in taps], dim=-1)
         return (feats, out.last_hidden_state) if final_states else feats
 

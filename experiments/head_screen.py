@@ -57,7 +57,7 @@ def head_ms(target, rows: list[int], reps: int) -> dict:
 def candidate_share(target, prompts: list[list[int]]) -> dict:
     """Share of prompt positions the screen decides with one candidate, per half-precision copy."""
     with torch.no_grad():
-        h = torch.cat([target.model.get_decoder()(input_ids=torch.tensor([p])).last_hidden_state[0]
+        h = torch.cat([target.decoder(input_ids=torch.tensor([p])).last_hidden_state[0]
                        for p in prompts])
     screen, out = target.screen, {}
     for rows in (1, 9):                                    # one row: the float16 copy; several: the bfloat16 one

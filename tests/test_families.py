@@ -50,3 +50,32 @@ def test_every_decoder_equals_the_targets_greedy_decoding(family):
     for drafts, slots in (("all", None), ("adaptive", 2)):
         out = batched_generate(target, drafter, prompts, max_new_tokens=NEW, drafts=drafts, slots=slots)
         assert out.token_ids == refs, (drafts, slots)
+
+
+def test_chunked_attention_decodes_as_a_chain_and_refuses_trees_and_batches():
+    # Llama 4: chunked local layers (a token sees its own chunk), and a causal LM whose decoder HF's lookup misses
+    from domino_lab.errors import UserError
+
+    torch.manual_seed(0)
+    cfg = hf.Llama4TextConfig(vocab_size=V, hidden_size=32, intermediate_size=64, intermediate_size_mlp=64,
+                              num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                              attention_chunk_size=6, max_position_embeddings=256, eos_token_id=3, moe_layers=[])
+    target = Target(hf.Llama4ForCausalLM(cfg).to(torch.float64), None, mask_token_id=V - 1, taps=[1, 2])
+    assert target.decoder is target.model.model
+    seqs = greedy_sequences(target, 32, 30)
+    drafter = Drafter.untrained(target, "domino", block_size=8)
+    brief_train(drafter, seqs, steps=40)
+    accepted = 0
+    for p in [seqs[i, : 4 + 3 * i].tolist() for i in range(4)]:
+        ids = torch.tensor([p])
+        ref = target.model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=NEW,
+                                    eos_token_id=3, pad_token_id=0)[0, len(p):].tolist()
+        assert speculative_generate(target, None, prompt_ids=p, max_new_tokens=NEW).token_ids == ref
+        res = speculative_generate(target, drafter, prompt_ids=p, max_new_tokens=NEW)
+        assert res.token_ids == ref
+        accepted += sum(s.accepted for s in res.steps)
+    assert accepted > 20
+    with pytest.raises(UserError, match="chunked_attention"):
+        speculative_generate(target, drafter, prompt_ids=[5, 6], max_new_tokens=4, tree_nodes=8)
+    with pytest.raises(UserError, match="chunked_attention"):
+        batched_generate(target, drafter, [[5, 6]], max_new_tokens=4)
