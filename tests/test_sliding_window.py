@@ -7,7 +7,8 @@ import dataclasses
 
 import pytest
 import torch
-from transformers import Gemma3TextConfig, Gemma3ForCausalLM, MistralConfig, MistralForCausalLM
+from transformers import (Gemma3ForCausalLM, Gemma3TextConfig, MistralConfig, MistralForCausalLM, Qwen2Config,
+                          Qwen2ForCausalLM)
 
 from core_helpers import brief_train, greedy_sequences
 from domino_lab import Drafter, Target
@@ -26,12 +27,14 @@ def _target(kind: str) -> Target:
                   sliding_window=WINDOW, tie_word_embeddings=False)
     if kind == "mistral":                   # every layer slides
         model = MistralForCausalLM(MistralConfig(**common))
-    else:                                   # local and global layers alternate
+    elif kind == "gemma3":                  # local and global layers alternate
         model = Gemma3ForCausalLM(Gemma3TextConfig(**common, layer_types=["sliding_attention", "full_attention"] * 2))
+    else:                                   # Qwen2's switch: layers from max_window_layers on slide
+        model = Qwen2ForCausalLM(Qwen2Config(**common, use_sliding_window=True, max_window_layers=2))
     return Target(model.to(torch.float64), None, mask_token_id=V - 1, taps=[1, 2])
 
 
-@pytest.fixture(scope="module", params=["mistral", "gemma3"])
+@pytest.fixture(scope="module", params=["mistral", "gemma3", "qwen2"])
 def setup(request):
     target = _target(request.param)
     seqs = greedy_sequences(target, 32, 30)
