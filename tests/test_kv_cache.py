@@ -126,9 +126,9 @@ def test_sliding_layers_grow_and_linear_attention_layers_stay_hugging_faces():
     cache = kv_cache.new_cache(nxt)
     assert LinearAttentionLayer in {type(x) for x in cache.layers}
     with pytest.raises(UserError, match="LinearAttentionLayer layers"):
-        kv_cache.check_cache_layers(cache, "batched decoding")
-    kv_cache.check_cache_layers(cache, "speculative decoding", rollback=True)      # it can record its past
-    kv_cache.check_cache_layers(kv_cache.new_cache(cfg), "batched decoding")
+        kv_cache.check_layers(nxt, "batched decoding")
+    kv_cache.check_layers(nxt, "speculative decoding", chain=True)      # it can record its past
+    kv_cache.check_layers(cfg, "batched decoding")
     assert kv_cache.record_past(cache, 9) and cache.get_recurrent_states_to_keep() == 9
     assert not kv_cache.record_past(kv_cache.new_cache(cfg), 9)
     with pytest.raises(UserError, match="per-token state"):

@@ -25,7 +25,7 @@ from ..errors import UserError
 from ..validation import check_seed, check_token_ids
 from ..models.options import BATCH_DRAFTS
 from .adaptive import DraftCount
-from .kv_cache import check_cache_layers, layer_masks, new_cache, place_rows, stack_rows, trim_left, window_layout
+from .kv_cache import check_layers, layer_masks, new_cache, place_rows, stack_rows, trim_left, window_layout
 from .lookup import copy_index, copy_inputs, draft_lookup
 
 PREFILL_SLACK = 1.25   # prompts prefilled in one forward: at most this many padded positions per real one
@@ -51,9 +51,9 @@ class BatchResult:
 def check_batched_mode(drafter, temperature: float, top_p: float = 1.0, sampler: str = "rejection",
                        target=None) -> None:
     """What batched decoding cannot do, one error each: rejection sampling at T > 0 (it is decoded one sequence at a
-    time), a drafter whose caches cannot hold ragged rows, a target whose cache cannot be cut back and joined (the
-    drafter's target unless `target` is given), or drafting for a target with sliding windows. Callers that start
-    work first (a Lightning run) check with it up front."""
+    time), a drafter whose caches cannot hold ragged rows, or a target whose layers batches cannot handle
+    (kv_cache.check_layers; the drafter's target unless `target` is given). Callers that start work first (a
+    Lightning run) check with it up front."""
     sampling.check_sampling(temperature, top_p, sampler)
     if temperature > 0 and sampler != "gumbel":
         raise UserError("batched decoding samples with the gumbel sampler only (rejection sampling is decoded one "
@@ -63,10 +63,7 @@ def check_batched_mode(drafter, temperature: float, top_p: float = 1.0, sampler:
                         "cannot hold ragged rows); decode it one sequence at a time (speculative_generate)")
     target = target if target is not None else drafter.target if drafter is not None else None
     if target is not None:
-        check_cache_layers(new_cache(target.model.config), "batched decoding")
-        if window_layout(target.model.config) == "other":
-            raise UserError("batched decoding supports full and sliding-window attention layers; this target has "
-                            f"{sorted(set(target.model.config.layer_types))}: decode it one sequence at a time")
+        check_layers(target.model.config, "batched decoding")
 
 
 def check_slots(slots: int | None) -> int | None:

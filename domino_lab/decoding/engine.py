@@ -17,7 +17,7 @@ from ..validation import check_seed, check_token_ids
 from .records import GenerationResult, StepRecord
 from . import tree as trees
 from .adaptive import PlainFallback
-from .kv_cache import check_cache_layers, layer_masks, new_cache, record_past, window_layout
+from .kv_cache import check_layers, layer_masks, new_cache, record_past, window_layout
 from .lookup import copy_index, copy_inputs, draft_lookup
 from .. import sampling
 
@@ -116,8 +116,8 @@ def speculative_generate(target, drafter=None, prompt: str | None = None, prompt
     # context and a block); a buffer of that size is allocated once (docs/design.md#kv-cache)
     capacity = len(ids) + max_new_tokens + max(n_drafts, tree_nodes) + 1
     cache = new_cache(target.model.config, capacity=capacity)
-    if drafter is not None:
-        check_cache_layers(cache, "speculative decoding", rollback=True)      # (trees: check_tree_mode)
+    if drafter is not None and not tree_nodes:                  # (trees: check_tree_mode)
+        check_layers(target.model.config, "speculative decoding", chain=True, cache=cache)
     out = target.forward(torch.tensor([ids], device=dev), cache=cache, taps=taps, last_logits_only=True,
                          greedy=greedy)
     if greedy:
@@ -263,11 +263,7 @@ def check_tree_mode(drafter) -> None:
     if not hasattr(drafter, "tree_expander"):
         raise UserError(f"tree verification needs a block drafter (dflash or domino); the "
                         f"'{drafter.config.method}' drafter drafts one chain: use tree nodes 0 with it")
-    check_cache_layers(new_cache(drafter.target.model.config), "tree verification")     # linear attention
-    if window_layout(drafter.target.model.config) == "other":
-        raise UserError("tree verification supports full and sliding-window attention layers; this target has "
-                        f"{sorted(set(drafter.target.model.config.layer_types))}: use chain verification "
-                        "(tree nodes 0)")
+    check_layers(drafter.target.model.config, "tree verification")
 
 
 def check_adaptive_mode(adaptive: bool, tree_nodes: int) -> None:

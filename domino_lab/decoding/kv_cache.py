@@ -18,7 +18,7 @@ The window itself is in the attention mask, which Hugging Face builds from the m
 indices; a full layer keeps every position, so the mask hides the ones outside the window (it reads columns as
 token positions, true for a batch-1 decode; docs/design.md#sliding-window-targets). Other special layers (linear
 attention and other per-token state) stay as Hugging Face builds them: a batch-1 chain has them record their
-recent states (`record_past`) so that a rejected draft can be undone, and `check_cache_layers` refuses them where a
+recent states (`record_past`) so that a rejected draft can be undone, and `check_layers` refuses them where a
 decoder would cut them back further or move their rows.
 
 Batched decoding with a queue of prompts (decoding/batched.py) also writes a new sequence into a finished row of a
@@ -149,25 +149,31 @@ def layer_masks(config, mask: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Te
     if layout is None:
         return mask
     if layout == "other":
-        raise UserError(f"this target's layer types {sorted(set(config.layer_types))} need attention masks that "
-                        "domino-lab does not build; use chain verification one sequence at a time")
+        check_layers(config, "an attention mask built by domino-lab")          # (raises: callers check up front)
     far = (q_pos[:, :, None] - k_pos[:, None, :] >= config.sliding_window)[:, None]
     windowed = mask.masked_fill(far, torch.finfo(mask.dtype).min)
     return windowed if layout == "all" else {"full_attention": mask, "sliding_attention": windowed}
 
 
-def check_cache_layers(cache: DynamicCache, what: str, rollback: bool = False) -> None:
-    """Speculative and batched decoding cut a cache back and move its rows; the layers of a `new_cache` left as
-    Hugging Face builds them (linear attention and other per-token state) cannot be, which is one clear error before
-    any decoding. `rollback`: a batch-1 chain, which only undoes the last verify's rejected tokens; layers that can
-    record their recent states for that (`record_past`) are accepted there."""
-    special = [layer for layer in cache.layers if type(layer) not in (DynamicLayer, GrowingLayer)]
-    refused = sorted({type(layer).__name__ for layer in special if not (rollback and _recordable(layer))})
+def check_layers(config, what: str, chain: bool = False, cache: DynamicCache | None = None) -> None:
+    """Whether a decoder can run on this target's layers, or one clear error before any decoding. Speculative and
+    batched decoding cut the cache back and move its rows, which the layers a `new_cache` leaves as Hugging Face
+    builds them (linear attention and other per-token state) do not allow; trees and batches build their own
+    attention masks, which describe full and sliding-window layers only (`layer_masks`). `chain`: a batch-1 chain,
+    which uses Hugging Face's masks and only undoes the last verify's rejected tokens; layers that can record their
+    recent states for that (`record_past`) are accepted there. `cache`: the decode's `new_cache`, when it has one."""
+    special = [layer for layer in (cache if cache is not None else new_cache(config)).layers
+               if type(layer) not in (DynamicLayer, GrowingLayer)]
+    refused = sorted({type(layer).__name__ for layer in special if not (chain and _recordable(layer))})
+    one_at_a_time = "decode it one sequence at a time with chain verification (tree nodes 0)"
     if refused:
-        fix = ("decode it one sequence at a time with chain verification (tree nodes 0), or without a drafter"
-               if not rollback and all(map(_recordable, special)) else "decode it without a drafter")
+        fix = f"{one_at_a_time}, or without a drafter" if all(map(_recordable, special)) and not chain else \
+            "decode it without a drafter"
         raise UserError(f"{what} needs a target whose K/V cache can be cut back to any position; this one has "
                         f"{', '.join(refused)} layers (per-token state): {fix}")
+    if not chain and window_layout(config) == "other":
+        raise UserError(f"{what} supports full and sliding-window attention layers; this target has "
+                        f"{sorted(set(config.layer_types))}: {one_at_a_time}")
 
 
 def record_past(cache: DynamicCache, tokens: int) -> bool:
