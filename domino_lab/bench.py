@@ -284,6 +284,11 @@ def _fmt(v, f="{:.2f}"):
     return "–" if v is None else f.format(v)
 
 
+def _times(v) -> str:
+    """A ratio as "1.23x", or "–" without a number (no such method measured)."""
+    return "–" if v is None else f"{v:.2f}x"
+
+
 def table(results: dict) -> str:
     lines = ["| set | method | τ | tokens/s | speedup vs ar | speedup vs hf | draft ms | verify ms | bound vs ar "
              "| measured/bound | lossless | accept per position |", "|" + "---|" * 12]
@@ -293,8 +298,8 @@ def table(results: dict) -> str:
                 continue
             ll = r.get("lossless")
             pos = " ".join(_fmt(a) for a in r.get("accept_pos", [])) or "–"
-            lines.append(f"| {s} | {m} | {_fmt(r['tau'])} | {r['tokens_per_s']:.1f} | {_fmt(r.get('speedup_vs_ar'))}x | "
-                         f"{_fmt(r.get('speedup_vs_hf'))}x | {_fmt(r.get('draft_ms'))} | {_fmt(r.get('verify_ms'))} | "
+            lines.append(f"| {s} | {m} | {_fmt(r['tau'])} | {r['tokens_per_s']:.1f} | {_times(r.get('speedup_vs_ar'))} | "
+                         f"{_times(r.get('speedup_vs_hf'))} | {_fmt(r.get('draft_ms'))} | {_fmt(r.get('verify_ms'))} | "
                          f"{_fmt(r.get('bound_vs_ar'))} | {_fmt(r.get('measured_over_bound'))} | "
                          f"{(str(ll['equal']) + '/' + str(ll['total'])) if ll else 'ref' if m == 'ar' else '–'} | "
                          f"{pos} |")

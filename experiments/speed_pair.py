@@ -143,7 +143,7 @@ def markdown(res: dict, la: str, lb: str, meta: dict) -> str:
              f"{_mode(meta)}, {meta['max_new_tokens']} new tokens", "",
              f"| set | prompts | τ {la} | τ {lb} | per prompt {la} ÷ {lb} (geometric mean) | 95% CI | wins / losses "
              f"| over the set | tokens/s {la} | tokens/s {lb} | Δτ per prompt (95% CI) | same tokens |",
-             "|" + "---|" * 11]
+             "|" + "---|" * 12]
     for s, r in res.items():
         lines.append(f"| {s} | {r['prompts']} | {r['tau'][la]:.2f} | {r['tau'][lb]:.2f} | {r['ratio_geomean']:.3f} | "
                      f"{r['ci95'][0]:.3f} – {r['ci95'][1]:.3f} | {r['wins']} / {r['losses']} | {r['set_ratio']:.3f} | "

@@ -108,6 +108,34 @@ def test_a_decode_allocates_each_buffer_once(shipped, monkeypatch, nodes):
     assert grown and not any(grown)
 
 
+@pytest.mark.parametrize("seed", range(3))
+def test_window_layer_keeps_the_window_through_a_chains_updates_and_crops(seed):
+    """A chain's forwards (a long prompt, then verifies of 1–9 tokens, each cut back by up to all its tokens) on a
+    window layer and on a full one: the window layer hands attention the same last positions the full one ends in,
+    keeps W − 1 before the latest forward, reports the true length and its offset, and stays window-sized."""
+    rng, g, w, room = random.Random(seed), torch.Generator().manual_seed(seed), 7, 8
+    ours, ref = kv_cache.WindowLayer(w, room), kv_cache.GrowingLayer()
+    for step in range(200):
+        q = rng.choice([40, 300]) if step == 0 else rng.randint(1, 9)
+        kept = ours.keys.shape[-2] if step else 0
+        assert ours.get_mask_sizes(q) == (kept + q, ref.get_seq_length() - kept)
+        k, v = torch.randn(2, 1, 2, q, 4, generator=g)
+        got, want = ours.update(k, v), ref.update(k.clone(), v.clone())
+        assert torch.equal(got[0], want[0][..., -(kept + q):, :]) and torch.equal(got[1], want[1][..., -(kept + q):, :])
+        assert ours.keys.shape[-2] == min(w - 1 + q, ref.get_seq_length())
+        cut = rng.randint(0, q)
+        ours.crop(-cut), ref.crop(-cut)
+        n = ours.keys.shape[-2]
+        assert ours.get_seq_length() == ref.get_seq_length() and n >= min(w - 1, ref.get_seq_length())
+        assert torch.equal(ours.keys, ref.keys[..., -n:, :]) and torch.equal(ours.values, ref.values[..., -n:, :])
+        if step > 1:
+            assert ours._k.shape[-2] <= 4 * (w - 1 + room)        # the prompt's large buffer is gone
+    with pytest.raises(RuntimeError, match="window would reach dropped positions"):
+        ours.crop(-(ours.keys.shape[-2] - w + 2))
+    ours.reset()
+    assert ours.get_seq_length() == 0
+
+
 def test_sliding_layers_grow_and_linear_attention_layers_stay_hugging_faces():
     cfg = Qwen3Config(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
                       num_attention_heads=2, num_key_value_heads=1, head_dim=8, use_sliding_window=True,

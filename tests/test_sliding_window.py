@@ -14,7 +14,8 @@ from core_helpers import brief_train, greedy_sequences
 from domino_lab import Drafter, Target
 from domino_lab.decoding.batched import batched_generate
 from domino_lab.decoding.engine import speculative_generate
-from domino_lab.decoding.kv_cache import GrowingLayer, has_sliding_window, new_cache
+from domino_lab.decoding import engine
+from domino_lab.decoding.kv_cache import GrowingLayer, WindowLayer, has_sliding_window, new_cache
 from domino_lab.errors import UserError
 
 V, WINDOW, NEW = 64, 6, 40
@@ -83,6 +84,31 @@ def test_decoding_past_the_window_equals_hugging_face_greedy(setup):
             assert res.token_ids == ref, (p, opts)
             accepted += sum(s.accepted for s in res.steps)
     assert accepted > 50                     # drafts were accepted, so caches were cut back past rejected ones
+
+
+def test_a_chain_keeps_only_the_window(setup, monkeypatch):
+    # a chain's sliding layers hold the window (and the last verify's tokens), not the whole context; a tree's hold
+    # every position (its mask counts them)
+    target, d, prompts = setup
+    made = []
+
+    def spy(*args, **kwargs):
+        made.append(new_cache(*args, **kwargs))
+        return made[-1]
+
+    monkeypatch.setattr(engine, "new_cache", spy)
+    for nodes in (0, 16):
+        res = speculative_generate(target, d, prompt_ids=prompts[3], max_new_tokens=NEW, tree_nodes=nodes)
+        assert res.token_ids == _hf_greedy(target, prompts[3])
+        sliding = [layer for layer in made[-2].layers if layer.is_sliding]
+        total = len(prompts[3]) + len(res.token_ids) - 1        # (the last token is never fed back)
+        assert made[-2].get_seq_length() == total > 3 * WINDOW
+        if nodes:
+            assert not sliding
+        else:
+            assert sliding and all(type(layer) is WindowLayer for layer in sliding)
+            assert all(layer.offset > 0 and layer.keys.shape[-2] <= WINDOW + 8 for layer in sliding)
+        assert all(type(layer) is GrowingLayer for layer in made[-2].layers if not layer.is_sliding)
 
 
 def test_batches_and_queues_equal_each_prompt_alone(setup):

@@ -115,7 +115,8 @@ def speculative_generate(target, drafter=None, prompt: str | None = None, prompt
     # the most the caches hold: the prompt, the new tokens and one verify's drafts (the drafter's cache: its
     # context and a block); a buffer of that size is allocated once (docs/design.md#kv-cache)
     capacity = len(ids) + max_new_tokens + max(n_drafts, tree_nodes) + 1
-    cache = new_cache(target.model.config, capacity=capacity)
+    # (a chain's sliding-window layers keep only their window; a tree's mask needs every position: layer_masks)
+    cache = new_cache(target.model.config, capacity=capacity, bounded_windows=not tree_nodes)
     if drafter is not None and not tree_nodes:                  # (trees: check_tree_mode)
         check_layers(target.model.config, "speculative decoding", chain=True, cache=cache)
     out = target.forward(torch.tensor([ids], device=dev), cache=cache, taps=taps, last_logits_only=True,

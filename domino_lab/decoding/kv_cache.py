@@ -12,11 +12,12 @@ Everything the decoders do to a cache keeps working unchanged, because the layer
 still its buffer: `crop` (inherited) narrows the view, tree compaction writes into the view in place, and
 `batch_select_indices` (inherited) replaces it with a new tensor; `update` writes in place only while `keys` is a
 prefix view of the buffer with room left, and otherwise copies the current contents into a fresh buffer first.
-A sliding-window layer (Mistral-style windows, Gemma's alternating local layers) is replaced by a full one too: it
-would keep only its last positions and refuse to be cropped past them, and speculative decoding crops every step.
-The window itself is in the attention mask, which Hugging Face builds from the model's config and the cache's column
-indices; a full layer keeps every position, so the mask hides the ones outside the window (it reads columns as
-token positions, true for a batch-1 decode; docs/design.md#sliding-window-targets). Other special layers (linear
+A sliding-window layer (Mistral-style windows, Gemma's alternating local layers) is replaced too: Hugging Face's
+keeps only its last positions and refuses to be cropped past them, and speculative decoding crops every step. A
+batch-1 chain gets a `WindowLayer`, which keeps the window plus the latest forward's tokens, so any of them can be
+cut back, and tells Hugging Face's mask where its columns start. Trees and batches get a full layer, which keeps
+every position: their own masks hide the ones outside the window, counted in token positions (`layer_masks`;
+docs/design.md#sliding-window-targets). Other special layers (linear
 attention and other per-token state) stay as Hugging Face builds them: a batch-1 chain has them record their
 recent states (`record_past`) so that a rejected draft can be undone, and `check_layers` refuses them where a
 decoder would cut them back further or move their rows.
@@ -98,18 +99,113 @@ class GrowingLayer(DynamicLayer):
         super().reset()
 
 
-def new_cache(config=None, capacity: int | None = None) -> DynamicCache:
+class WindowLayer(DynamicLayer):
+    """A sliding-window layer that a batch-1 chain can cut back: it keeps the last W − 1 positions before the latest
+    forward's tokens, so a crop of up to that forward's tokens leaves every position the next forward's queries see
+    within the window. Its memory is bounded by the window, not the context (a full layer's grows with the context).
+    The kept positions are a view of a buffer of two to four times W − 1 + `room` positions; the front of the buffer
+    fills with dropped positions, and the kept ones move back to its start once it is full (a copy of W − 1
+    positions every W or more tokens). Hugging Face's mask for the sliding layers learns where the kept columns
+    start from `get_mask_sizes` (`offset`: the positions before the first kept one)."""
+
+    is_sliding = True
+
+    def __init__(self, window: int, room: int = MIN_ROOM):
+        super().__init__()
+        self.window, self.room = window, room
+        self.offset = 0                     # positions dropped from the front
+        self._k = self._v = self._views = None
+        self._start = self._len = 0         # the kept positions: buffer[_start : _start + _len]
+
+    def _set_views(self) -> None:
+        self.keys, self.values = self._views = (self._k.narrow(-2, self._start, self._len),
+                                                self._v.narrow(-2, self._start, self._len))
+
+    def _make_room(self, key_states: torch.Tensor, value_states: torch.Tensor, new: int) -> None:
+        """Room for `new` positions after the kept ones: the kept ones moved to the front of the buffer, or into a
+        fresh one when it is too small or far larger than a window needs (after a long prompt). `key_states` /
+        `value_states`: this forward's, whose shapes a first buffer takes."""
+        if self._views is None or self.keys is not self._views[0] or self.values is not self._views[1]:
+            # first use, or replaced from outside: start over from what `keys` / `values` hold
+            empty = self.keys.numel() == 0
+            keys = key_states.narrow(-2, 0, 0) if empty else self.keys
+            values = value_states.narrow(-2, 0, 0) if empty else self.values
+            self._len = keys.shape[-2]
+        else:
+            keys = self._k.narrow(-2, self._start, self._len)
+            values = self._v.narrow(-2, self._start, self._len)
+        size = max(2 * (self.window - 1 + self.room), self._len + new + self.room)
+        if self._k is None or self._k.shape[-2] < size or self._k.shape[-2] > 2 * size:
+            self._k = keys.new_empty(*keys.shape[:-2], size, keys.shape[-1])
+            self._v = values.new_empty(*values.shape[:-2], size, values.shape[-1])
+        keys, values = keys.clone(), values.clone()       # (the kept positions may overlap their destination)
+        self._k.narrow(-2, 0, self._len).copy_(keys)
+        self._v.narrow(-2, 0, self._len).copy_(values)
+        self._start = 0
+        self._set_views()
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        new = key_states.shape[-2]
+        stale = self._views is None or self.keys is not self._views[0] or self.values is not self._views[1]
+        if stale or self._start + self._len + new > self._k.shape[-2]:
+            self._make_room(key_states, value_states, new)
+        at = self._start + self._len
+        self._k.narrow(-2, at, new).copy_(key_states)
+        self._v.narrow(-2, at, new).copy_(value_states)
+        self._len += new
+        every = (self._k.narrow(-2, self._start, self._len), self._v.narrow(-2, self._start, self._len))
+        # the next forward sees at most W − 1 positions back, and a crop removes at most this forward's tokens
+        drop = max(0, self._len - new - (self.window - 1))
+        self._start, self._len, self.offset = self._start + drop, self._len - drop, self.offset + drop
+        self._set_views()
+        if drop and self._k.shape[-2] > 4 * (self.window - 1 + self.room):
+            self._make_room(key_states, value_states, 0)      # a long prompt's buffer: down to a window's size
+        return every                        # what this forward's mask was built for (get_mask_sizes, before)
+
+    def get_seq_length(self) -> int:
+        return self.offset + (self.keys.shape[-2] if self.is_initialized else 0)
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return (self.keys.shape[-2] if self.is_initialized else 0) + query_length, self.offset
+
+    def crop(self, tokens_to_remove: int) -> None:
+        if tokens_to_remove > 0:
+            raise ValueError(f"crop({tokens_to_remove}): pass a negative number, the positions to remove")
+        if tokens_to_remove == 0 or not self.is_initialized:
+            return
+        kept = self.keys.shape[-2] + tokens_to_remove
+        if kept < 0 or (self.offset and kept < self.window - 1):
+            raise RuntimeError(f"a sliding-window cache keeping {self.keys.shape[-2]} positions cannot remove "
+                               f"{-tokens_to_remove}: the next forward's window would reach dropped positions")
+        super().crop(tokens_to_remove)
+        if self._views is not None and self.keys.data_ptr() == self._views[0].data_ptr():
+            self._len = kept
+            self._set_views()
+
+    def reset(self) -> None:
+        self._k = self._v = self._views = None
+        self._start = self._len = self.offset = 0
+        super().reset()
+
+
+def new_cache(config=None, capacity: int | None = None, bounded_windows: bool = False) -> DynamicCache:
     """A cache for a decode: the model's layers from its config (None: plain layers added as they are used, as
     `DynamicCache()` does), the plain ones growing in place unless `kind("dynamic")` is in effect; `capacity`, the
-    positions the decode expects to hold (a hint: a buffer allocated at that size, grown past it if needed)."""
+    positions the decode expects to hold (a hint: a buffer allocated at that size, grown past it if needed).
+    Sliding-window layers become full layers, whose window is in the attention mask (module docstring), or with
+    `bounded_windows` (a batch-1 chain, which only cuts back its last forward's tokens) `WindowLayer`s."""
     cache = DynamicCache(config=config) if config is not None else DynamicCache()
     plain = partial(GrowingLayer, capacity) if _kind == "growing" else DynamicLayer
     if config is None:
         if _kind == "growing":
             cache.layer_class_to_replicate = plain
     else:
-        # sliding windows become full layers: the window is in the attention mask (module docstring)
-        cache.layers = [plain() if type(layer) in (DynamicLayer, DynamicSlidingWindowLayer) else layer
+        cache.layers = [WindowLayer(layer.sliding_window) if bounded_windows and type(layer) is
+                        DynamicSlidingWindowLayer else
+                        plain() if type(layer) in (DynamicLayer, DynamicSlidingWindowLayer) else layer
                         for layer in cache.layers]
     return cache
 
@@ -163,7 +259,7 @@ def check_layers(config, what: str, chain: bool = False, cache: DynamicCache | N
     which uses Hugging Face's masks and only undoes the last verify's rejected tokens; layers that can record their
     recent states for that (`record_past`) are accepted there. `cache`: the decode's `new_cache`, when it has one."""
     special = [layer for layer in (cache if cache is not None else new_cache(config)).layers
-               if type(layer) not in (DynamicLayer, GrowingLayer)]
+               if type(layer) not in (DynamicLayer, GrowingLayer, WindowLayer)]
     refused = sorted({type(layer).__name__ for layer in special if not (chain and _recordable(layer))})
     one_at_a_time = "decode it one sequence at a time with chain verification (tree nodes 0)"
     if refused:
