@@ -41,6 +41,47 @@ def run_cli(main: Callable[[list[str] | None], int | None], argv: list[str] | No
     sys.exit(code or 0)
 
 
+def _check_creatable(folder: Path, shown: Path, flag: str) -> None:
+    """Raise a UserError (about `shown`, what the user typed) unless `folder` exists or could be created.
+
+    The nearest existing ancestor must be a folder, and a throwaway folder is made and removed in it: permission
+    bits alone do not tell (root passes os.access everywhere, and /proc or a read-only mount refuse anyway)."""
+    folder = folder.expanduser().absolute()
+    base = next((p for p in (folder, *folder.parents) if os.path.lexists(p)), Path(folder.anchor))
+    if not base.is_dir():
+        where = "is a file" if base == shown.expanduser().absolute() else f"goes through {base}, which is a file"
+        raise UserError(f"{flag} {shown} {where}, not a folder; choose another {flag}")
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".write-check-", dir=base))
+    except OSError as e:
+        raise UserError(f"{flag} {shown}: cannot create anything in {base} ({e.strerror}); "
+                        f"choose a writable {flag}") from None
+
+
+def check_out_dir(path: str | os.PathLike, flag: str = "--out") -> Path:
+    """`path` as a folder results can be written into, or one UserError naming it and the fix.
+
+    Called when the arguments are read, so a bad path fails before the measurement or training whose results it
+    would otherwise lose. It only checks; the folder is created when the results are written."""
+    if not str(path).strip():
+        raise UserError(f"{flag} is empty; name a folder to write the results into")
+    path = Path(path)
+    _check_creatable(path, path, flag)
+    return path
+
+
+def check_out_file(path: str | os.PathLike, flag: str = "--out") -> Path:
+    """`path` as a file results can be written to: no folder in its place, and a folder for it as in
+    `check_out_dir`."""
+    if not str(path).strip():
+        raise UserError(f"{flag} is empty; name a file to write the results to")
+    path = Path(path)
+    if path.is_dir():
+        raise UserError(f"{flag} {path} is a folder; name a file to write the results to")
+    _check_creatable(path.parent, path, flag)
+    return path
+
+
 @contextmanager
 def atomic_path(final: str | os.PathLike, suffix: str = "") -> Iterator[Path]:
     """Yield a temporary path next to `final`; rename it into place only if the block succeeds.

@@ -63,11 +63,14 @@ def main(argv: list[str] | None = None) -> int:
     check_number(args.top_p, "--top-p", low=0, high=1, low_open=True)
     check_tree_nodes(args.tree_nodes, "--tree-nodes")
     torch.manual_seed(args.seed)
-    from .data.eval_sets import load_eval_set
+    from .data.eval_sets import check_prompt_text, load_eval_set
 
     prompts = load_eval_set(args.prompts) if args.prompts else [{"id": None, "prompt": args.prompt}]
     if any(not r["prompt"].strip() for r in prompts):
         raise UserError("the prompt is empty; give some text to continue")
+    if args.prompt is not None:     # (a file's prompts were checked as it was read)
+        check_prompt_text(args.prompt, "--prompt", "pass it as UTF-8 text (the shell handed over bytes that are "
+                                                   "not UTF-8: check the terminal's or the file's encoding)")
     options = InferenceOptions.from_args(args)
     target = Target.from_pretrained(args.target, dtype=args.dtype, device=args.device)
     use_decode_threads(target, args.threads)

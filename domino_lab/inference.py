@@ -18,7 +18,7 @@ from pathlib import Path
 import lightning.pytorch as pl
 from torch.utils.data import DataLoader
 
-from .errors import UserError, atomic_path, run_cli
+from .errors import UserError, atomic_path, check_out_file, run_cli
 
 
 class SpeculativeDecoder(pl.LightningModule):
@@ -115,29 +115,101 @@ def _collate(rows: list[dict]) -> list[dict]:
     return rows
 
 
+def check_batching(batch_size, batched: bool, slots) -> None:
+    """The batch size and slots, checked before any model loads."""
+    from .decoding.batched import check_slots
+
+    if not (isinstance(batch_size, int) and not isinstance(batch_size, bool) and batch_size >= 1):
+        raise UserError(f"batch size must be a whole number >= 1, got {batch_size!r}")
+    if check_slots(slots) is not None and not batched:
+        raise UserError("--slots without --batched: slots apply to batched inference; add --batched (batched=True) "
+                        "or drop --slots")
+
+
+def parse_devices(text: str) -> int | list[int] | str:
+    """--devices as Lightning takes it (the training config's reading: a count, -1 for every GPU, 'auto', or device
+    ids such as '0,1'), or one error."""
+    from .training.devices import parse_devices as lightning_devices
+
+    parsed = lightning_devices(str(text).strip())
+    if parsed is None or (isinstance(parsed, int) and (parsed == 0 or parsed < -1)):
+        raise UserError(f"--devices {text!r}: use a count >= 1, 'auto', -1 (every GPU), or device ids such as 0,1")
+    return parsed
+
+
+# each Trainer setting with the flag that sets it, in the order Lightning resolves them
+TRAINER_FLAGS = (("accelerator", "--accelerator"), ("strategy", "--strategy"), ("precision", "--precision"),
+                 ("devices", "--devices"))
+
+
+def make_trainer(accelerator: str = "auto", devices="auto", strategy: str = "auto",
+                 precision: str | None = None) -> pl.Trainer:
+    """The predict Trainer, or one UserError naming the setting Lightning refused (a GPU this machine lacks, an
+    unknown strategy or precision, devices the accelerator cannot give). Built before any model loads, so a
+    typo costs nothing."""
+    from lightning.fabric.utilities.exceptions import MisconfigurationException
+
+    settings = dict(accelerator=accelerator, devices=devices, strategy=strategy, precision=precision or "32-true")
+    try:
+        return pl.Trainer(**settings, logger=False, enable_checkpointing=False,
+                          enable_progress_bar=sys.stderr.isatty(), enable_model_summary=False)
+    except (MisconfigurationException, ValueError, TypeError, ImportError) as e:
+        raise _trainer_error(settings, e) from None
+
+
+def _trainer_error(settings: dict, error: Exception) -> UserError:
+    """Which flag made Lightning refuse `settings`: the settings are tried again one more at a time (in Lightning's
+    own order, each on top of the ones before) until one fails. Only runs once the Trainer has already failed."""
+    import logging
+    import warnings
+
+    from lightning.pytorch.trainer.connectors.accelerator_connector import _AcceleratorConnector
+
+    tried = dict(accelerator="auto", devices="auto", strategy="auto", precision="32-true")
+    culprit, reason = TRAINER_FLAGS[-1], error
+    quiet = logging.getLogger("lightning.pytorch")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)                 # the retries would repeat Lightning's info lines
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            for key, flag in TRAINER_FLAGS:
+                tried[key] = settings[key]
+                try:
+                    _AcceleratorConnector(**tried)
+                except Exception as e:           # whatever Lightning raises, it is this flag's
+                    culprit, reason = (key, flag), e
+                    break
+    finally:
+        quiet.setLevel(level)
+    key, flag = culprit
+    value = settings[key]
+    said = " ".join(str(reason).split()).rstrip(".")
+    if key == "accelerator" and str(value).lower() in ("gpu", "cuda"):
+        return UserError(f"{flag} {value}: this machine has no GPU that Lightning can use; use {flag} cpu or auto")
+    return UserError(f"{flag} {value}: {said}; choose another {flag}")
+
+
 def predict(target, drafter, prompts, *, max_new_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0,
             block_size: int | None = None, seed: int = 0, batch_size: int = 1, accelerator: str = "auto",
             devices="auto", strategy: str = "auto", precision: str | None = None, dtype: str | None = None,
             steps: bool = True, options=None, tree_nodes: int = 0, sampler: str = "rejection",
-            batched: bool = False, slots: int | None = None) -> list[dict]:
+            batched: bool = False, slots: int | None = None, trainer: pl.Trainer | None = None) -> list[dict]:
     """Decode an eval set (name, JSONL path or list of {id, prompt}) with `Trainer.predict`; returns this
     process's rows (all rows on a single device; each rank's share under data parallelism). `options`: the
     InferenceOptions a drafter given by name runs with; `tree_nodes` > 0 verifies draft trees of that many nodes;
     `sampler` how T > 0 verifies (speculative_generate). `batched`: each batch of `batch_size` prompts is decoded
     together (decoding/batched.py: same tokens, no per-step records, so `steps` must be False); `slots`: at most that
     many of a batch's prompts at once, a finished row's place going to the next (continuous batching; batched only;
-    None = the whole batch at once)."""
+    None = the whole batch at once). `trainer`: one already made by `make_trainer` (it then stands for accelerator,
+    devices, strategy and precision)."""
     from .data.eval_sets import load_eval_set
     from .models import load_drafter
     from .target import Target
 
-    if not (isinstance(batch_size, int) and batch_size >= 1):
-        raise UserError(f"batch size must be a whole number >= 1, got {batch_size!r}")
-    from .decoding.batched import check_slots
-
-    if check_slots(slots) is not None and not batched:
-        raise UserError("--slots without --batched: slots apply to batched inference; add --batched (batched=True) "
-                        "or drop --slots")
+    check_batching(batch_size, batched, slots)
+    if trainer is None:
+        trainer = make_trainer(accelerator, devices, strategy, precision)
     rows = load_eval_set(prompts) if isinstance(prompts, (str, Path)) else list(prompts)
     if not rows:
         raise UserError("no prompts to decode")
@@ -148,9 +220,6 @@ def predict(target, drafter, prompts, *, max_new_tokens: int = 128, temperature:
         drafter = load_drafter(drafter, target, options=options)
     module = SpeculativeDecoder(target, drafter, max_new_tokens, temperature, top_p, block_size, seed, steps,
                                 tree_nodes, sampler, batched, slots)
-    trainer = pl.Trainer(accelerator=accelerator, devices=devices, strategy=strategy,
-                         precision=precision or "32-true", logger=False, enable_checkpointing=False,
-                         enable_progress_bar=sys.stderr.isatty(), enable_model_summary=False)
     # the distributed sampler shards the prompts over ranks (Lightning inserts it under ddp)
     loader = DataLoader(rows, batch_size=batch_size, collate_fn=_collate, shuffle=False)
     batches = trainer.predict(module, dataloaders=loader)
@@ -197,23 +266,23 @@ def main(argv=None) -> int:
     from .decoding.tree import check_tree_nodes
 
     check_tree_nodes(args.tree_nodes, "--tree-nodes")
+    check_batching(args.batch_size, args.batched, args.slots)
+    check_out_file(args.out)             # rank files go beside it, so this covers them too
+    trainer = make_trainer(args.accelerator, parse_devices(args.devices), args.strategy, args.precision)
     rows = load_eval_set(args.prompts, limit=args.limit)
-    devices = int(args.devices) if str(args.devices).isdigit() else args.devices
     from .target import Target, use_decode_threads
 
     target = Target.from_pretrained(args.target, dtype=args.dtype)
     use_decode_threads(target, args.threads,
                        rows=min(args.slots or args.batch_size, args.batch_size) if args.batched else 1)
     out = predict(target, args.drafter, rows, max_new_tokens=args.max_new_tokens,
-                  temperature=args.temperature, batch_size=args.batch_size, accelerator=args.accelerator,
-                  devices=devices, strategy=args.strategy, precision=args.precision, dtype=args.dtype,
+                  temperature=args.temperature, batch_size=args.batch_size, dtype=args.dtype,
                   options=InferenceOptions.from_args(args), tree_nodes=args.tree_nodes, sampler=args.sampler,
-                  batched=args.batched, slots=args.slots, steps=not args.batched)
+                  batched=args.batched, slots=args.slots, steps=not args.batched, trainer=trainer)
     path = Path(args.out)
     rank = out[0]["rank"] if out else 0
     if rank:
         path = path.with_name(f"{path.stem}.rank{rank}{path.suffix}")
-    path.parent.mkdir(parents=True, exist_ok=True)
     with atomic_path(path) as t:
         t.write_text("".join(json.dumps(r) + "\n" for r in out))
     lengths = [a for r in out for a in r["acceptance_lengths"]]     # τ pooled over steps, as decoding.metrics

@@ -154,6 +154,19 @@ def add_threads_arg(p) -> None:
                         "docs/design.md#threads-for-small-targets)")
 
 
+def _first_line(e: Exception) -> str:
+    return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+
+
+def _knows_text(tokenizer):
+    """`tokenizer`, or None when it has no vocabulary beyond its special tokens: for a model directory without
+    tokenizer files transformers builds the model type's tokenizer class empty, and it encodes every text to no
+    tokens at all, which would then pass for an empty prompt."""
+    if tokenizer is None or len(tokenizer.get_vocab()) > len(getattr(tokenizer, "added_tokens_decoder", {})):
+        return tokenizer
+    return None
+
+
 @dataclass
 class TargetOutput:
     logits: torch.Tensor | None   # [b, t, V] (with `logits_rows`: [b, len(logits_rows), V]; None with `greedy`)
@@ -220,18 +233,23 @@ class Target:
             # a local (small) model loads in well under a second; the bar is only noise on stderr
             from transformers.utils import logging as hf_logging
             hf_logging.disable_progress_bar()
+        from safetensors import SafetensorError
+
         try:
             model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, trust_remote_code=trust_remote_code)
             tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
+        except SafetensorError as e:
+            raise UserError(f"cannot load target '{name_or_path}': its weights in {source} are not a readable "
+                            f"safetensors file, corrupted or cut off ({_first_line(e)}); download or copy the "
+                            "model again") from None
         except (OSError, ValueError) as e:
-            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise UserError(f"cannot load target '{name_or_path}': {first}; pass a Hugging Face model id "
+            raise UserError(f"cannot load target '{name_or_path}': {_first_line(e)}; pass a Hugging Face model id "
                             "(needs network or a local HF cache), a local model directory, or 'default'") from None
         model.to(device)
         n_layers = model.config.num_hidden_layers
         if taps is None and num_taps is not None:
             taps = default_tap_layers(n_layers, num_taps)
-        return cls(model, tokenizer, taps=taps, name=name_or_path, head_screen=head_screen)
+        return cls(model, _knows_text(tokenizer), taps=taps, name=name_or_path, head_screen=head_screen)
 
     def _find_eos(self) -> set[int]:
         ids: set[int] = set()
@@ -363,8 +381,13 @@ class Target:
 
     # ---- text ----------------------------------------------------------------------------------
     def encode(self, text: str) -> list[int]:
+        from .data.eval_sets import check_prompt_text
+
         if self.tokenizer is None:
-            raise UserError("this target has no tokenizer; pass prompt token ids instead of text")
+            raise UserError(f"target '{self.name}' has no tokenizer, so a text prompt cannot be encoded; add its "
+                            "tokenizer files (tokenizer.json, tokenizer_config.json) to the model directory, or "
+                            "pass prompt token ids (prompt_ids) from Python")
+        check_prompt_text(text, "the prompt")
         # verbose=False: a text longer than the tokenizer's model_max_length would log a warning of its own; the
         # callers check the length against the model's context and say so in one error line
         return self.tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"]

@@ -18,10 +18,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", help="YAML recipe (experiments/configs/*.yaml)")
     p.add_argument("overrides", nargs="*", help="key=value overrides, e.g. max_steps=200 loss.gamma=5")
     p.add_argument("--resume", action="store_true", help="continue from the last checkpoint in out_dir")
-    p.add_argument("--devices", help="devices per node (Trainer)")
+    p.add_argument("--devices", help="devices per node (Trainer): a count, auto, -1 (every GPU) or GPU ids such as 0,1")
     p.add_argument("--num-nodes", type=int, help="number of nodes (Trainer)")
-    p.add_argument("--strategy", help="auto, ddp, fsdp, ... (Trainer)")
-    p.add_argument("--accelerator", help="auto, cpu, gpu (Trainer)")
+    p.add_argument("--strategy", help="auto, ddp, fsdp, ... (Trainer; any name Lightning's strategy registry holds)")
+    p.add_argument("--accelerator", help="auto, cpu, gpu, cuda or mps (Trainer)")
     return p
 
 

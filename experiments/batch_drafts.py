@@ -27,7 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-from domino_lab.errors import UserError, atomic_path, run_cli
+from domino_lab.errors import UserError, atomic_path, check_out_dir, run_cli
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -51,6 +51,11 @@ def parse_args(argv=None) -> argparse.Namespace:
         raise UserError("--limit, --max-new-tokens, --rounds and --batch-sizes must be >= 1")
     if min(a.counts) < 0 or len(set(a.counts)) != len(a.counts):
         raise UserError(f"--counts must be distinct whole numbers >= 0, got {a.counts}")
+    if a.drafter == "none":             # plain decoding is already the `ar` row every count is compared with
+        raise UserError("--drafter none: this script measures a drafter's draft counts against plain decoding; "
+                        "name a drafter, e.g. default or default-dflash")
+    if a.out is not None:
+        check_out_dir(a.out)
     return a
 
 
@@ -171,7 +176,6 @@ def main(argv=None) -> int:
     print(md)
     if args.out:
         out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
         with atomic_path(out / "batch_drafts.json") as t:
             t.write_text(json.dumps({"meta": meta, "results": results}, indent=1))
         plot(results, args.counts, out / "batch_drafts.png")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 
 from domino_lab.data.eval_sets import load_eval_set
-from domino_lab.errors import run_cli
+from domino_lab.errors import check_out_file, run_cli
 from domino_lab.evaluate import drafter_provenance, evaluate, named_drafters, paired, run_record, save_results
 from domino_lab.target import Target
 
@@ -30,6 +30,7 @@ def main(argv=None) -> int:
     add_sampler_arg(p)
     p.add_argument("--out", required=True, help="JSON results (a markdown table is printed and written beside it)")
     args = p.parse_args(argv)
+    check_out_file(args.out)
     target = Target.from_pretrained(args.target)
     drafters = named_drafters(args.drafter, target)
     results = {**run_record(), "drafters": drafter_provenance(args.drafter), "sets": {}}

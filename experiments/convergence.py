@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from domino_lab.errors import UserError, atomic_path, run_cli
+from domino_lab.errors import UserError, atomic_path, check_out_file, run_cli
 from domino_lab.experiments.curves import convergence_curves, plot_convergence
 
 
@@ -50,6 +50,7 @@ def main(argv=None) -> int:
     p.add_argument("--tracking-uri", default=None, help="MLflow store (default: the project's runs/mlflow.db)")
     p.add_argument("--out", required=True, help="output path without suffix (.md, .json and .png are written)")
     args = p.parse_args(argv)
+    check_out_file(Path(args.out).with_suffix(".json"))
     runs = {}
     for item in args.run:
         label, sep, folder = item.partition("=")
@@ -65,7 +66,6 @@ def main(argv=None) -> int:
         raise UserError(f"no val/tau logged yet for {', '.join(empty)}; wait for the run's first evaluation")
     command = "python experiments/convergence.py " + " ".join(argv if argv is not None else sys.argv[1:])
     out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
     with atomic_path(out.with_suffix(".json")) as tmp:
         Path(tmp).write_text(json.dumps({"command": command, "curves": curves}, indent=1))
     plot_convergence(curves, out.with_suffix(".png"))

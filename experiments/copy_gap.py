@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from domino_lab.errors import UserError, atomic_path, run_cli  # noqa: E402
+from domino_lab.errors import UserError, atomic_path, check_out_dir, run_cli  # noqa: E402
 
 CLASSES = ("no copy", "copy right", "copy wrong")
 DEFAULT_DRAFTERS = ["dflash=default-dflash", "domino=default"]
@@ -51,6 +51,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--out", default=str(ROOT / "experiments" / "results"), help="folder for copy_gap.{md,json}")
     p.add_argument("--quick", action="store_true", help="2 prompts per set, 16 new tokens (smoke test)")
     args = p.parse_args(argv)
+    check_out_dir(args.out)
     if args.quick:
         args.limit, args.max_new_tokens = min(args.limit, 2), min(args.max_new_tokens, 16)
     if min(args.limit, args.max_new_tokens, args.min_ngram) < 1:
@@ -152,7 +153,6 @@ def main(argv=None) -> int:
             "max_new_tokens": args.max_new_tokens, "min_ngram": args.min_ngram,
             "wall_s": round(time.time() - started, 1)}
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     with atomic_path(out / "copy_gap.json") as t:
         t.write_text(json.dumps({"meta": meta, "results": results}, indent=1))
     bad = [f"{s}/{k}" for s, per in results.items() for k, r in per.items() if r["lossless"] != r["prompts"]]

@@ -26,13 +26,12 @@ import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import torch
 from transformers import DynamicCache
 
 from domino_lab.config import repo_root
-from domino_lab.errors import UserError, atomic_path, run_cli
+from domino_lab.errors import UserError, atomic_path, check_out_dir, run_cli
 
 DRAFTERS = {"dflash": "default-dflash", "domino": "default", "eagle": "default-eagle"}
 
@@ -218,7 +217,7 @@ def main(argv=None) -> int:
     if args.child:
         print(json.dumps(measure(args)))
         return 0
-    out = Path(args.out) if args.out else repo_root() / "experiments" / "results"
+    out = check_out_dir(args.out if args.out is not None else repo_root() / "experiments" / "results")
     per = {pol: [] for pol in args.omp_policies}
     for _ in range(args.rounds):
         for pol in args.omp_policies:
@@ -232,7 +231,6 @@ def main(argv=None) -> int:
            "machine": f"{platform.machine()}, {os.cpu_count()} CPUs", "prompts": per[args.omp_policies[0]][0]["prompts"],
            "policies": policies}
     prof = profile_summary(args)
-    out.mkdir(parents=True, exist_ok=True)
     with atomic_path(out / "engine_overhead.json") as tmp:
         tmp.write_text(json.dumps(res, indent=1))
     with atomic_path(out / "engine_overhead.md") as tmp:

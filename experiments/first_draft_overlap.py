@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from domino_lab.data.eval_sets import load_eval_set
 from domino_lab.decoding import speculative_generate
 from domino_lab.decoding.lookup import block_copy_inputs
-from domino_lab.errors import UserError, run_cli
+from domino_lab.errors import UserError, check_out_file, run_cli
 from domino_lab.evaluate import named_drafters, run_record, save_results
 from domino_lab.target import Target
 from domino_lab.training.objective import sample_anchors
@@ -72,6 +72,7 @@ def main(argv=None) -> int:
     p.add_argument("--anchors", type=int, default=32, help="blocks per sequence")
     p.add_argument("--out", required=True, help="JSON results (a markdown table is written beside it)")
     args = p.parse_args(argv)
+    check_out_file(args.out)
     if args.temperature <= 0:
         raise UserError(f"--temperature {args.temperature}: the overlap needs a temperature > 0 (greedy acceptance "
                         "is the agreement column, reported at any temperature)")

@@ -24,6 +24,7 @@ import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from domino_lab import Drafter, Target
+from domino_lab.errors import atomic_path, check_out_dir, run_cli
 from domino_lab.experiments.timing import cached_step, interleaved_ms
 from domino_lab.models.drafter import load_drafter
 
@@ -136,6 +137,7 @@ def main(argv=None) -> int:
     p.add_argument("--quick", action="store_true", help="one small case, few repetitions, no compile (tests)")
     p.add_argument("--out", default="experiments/results", help="folder for head_microbench.md/.json")
     a = p.parse_args(argv)
+    check_out_dir(a.out)
     if a.quick:
         a.vocabs, a.blocks, a.reps, a.rounds, a.ctx, a.no_compile = [512], [4], 2, 1, 16, True
     variants = [v for v in VARIANTS if not (a.no_compile and v.startswith("compiled"))]
@@ -149,7 +151,6 @@ def main(argv=None) -> int:
                   file=sys.stderr)
     prof = profile_default(a.ctx, a.reps * a.rounds) if not a.quick else {}
     out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
     cmd = "python experiments/head_microbench.py " + " ".join(argv if argv is not None else sys.argv[1:])
     md = (f"# One draft step: DFlash vs Domino head (eager, fast, compiled, fused)\n\n`{cmd.strip()}` — "
           f"{time.strftime('%Y-%m-%d')}, "
@@ -164,11 +165,13 @@ def main(argv=None) -> int:
         md += ("\n## Where a speculative step's time goes (embedded default, block 8, context "
                f"{a.ctx}; median CPU ms)\n\n| part | ms |\n|---|---|\n" +
                "\n".join(f"| {k} | {v:.2f} |" for k, v in prof.items()) + "\n")
-    (out / "head_microbench.md").write_text(md)
-    (out / "head_microbench.json").write_text(json.dumps({"command": cmd, "ctx": a.ctx, "rows": rows, "profile_ms": prof}, indent=1))
+    with atomic_path(out / "head_microbench.md") as t:
+        t.write_text(md)
+    with atomic_path(out / "head_microbench.json") as t:
+        t.write_text(json.dumps({"command": cmd, "ctx": a.ctx, "rows": rows, "profile_ms": prof}, indent=1))
     print(md)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_cli(main)

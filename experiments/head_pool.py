@@ -21,6 +21,7 @@ import torch
 
 from domino_lab import Target, speculative_generate
 from domino_lab.data.eval_sets import load_eval_set
+from domino_lab.errors import atomic_path, check_out_dir, run_cli
 from domino_lab.models.domino_head import greedy_rollout
 from domino_lab.models import InferenceOptions, load_drafter
 
@@ -36,6 +37,7 @@ def main(argv=None) -> int:
     p.add_argument("--quick", action="store_true")
     p.add_argument("--out", default="experiments/results")
     a = p.parse_args(argv)
+    check_out_dir(a.out)
     if a.quick:
         a.limit, a.max_new_tokens, a.pools = 2, 12, [16]
     torch.set_num_threads(1)
@@ -92,13 +94,14 @@ def main(argv=None) -> int:
     for K, v in agreement.items():
         lines.append(f"| {K} | " + " | ".join(f"{x:.4f}" for x in v) + " |")
     out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "head_pool.md").write_text("\n".join(lines) + "\n")
-    (out / "head_pool.json").write_text(json.dumps({"command": cmd, "tau": rows, "agreement": agreement,
-                                                    "draft_steps": steps[0]}, indent=1))
+    with atomic_path(out / "head_pool.md") as t:
+        t.write_text("\n".join(lines) + "\n")
+    with atomic_path(out / "head_pool.json") as t:
+        t.write_text(json.dumps({"command": cmd, "tau": rows, "agreement": agreement, "draft_steps": steps[0]},
+                                indent=1))
     print("\n".join(lines))
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_cli(main)

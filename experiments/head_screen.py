@@ -23,13 +23,12 @@ import platform
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 from domino_lab.config import repo_root
-from domino_lab.errors import UserError, atomic_path, run_cli
+from domino_lab.errors import UserError, atomic_path, check_out_dir, run_cli
 
 CONFIGS = [("ar", None, 0), ("domino", "default", 0), ("domino-tree", "default", 32)]
 
@@ -155,10 +154,9 @@ def main(argv=None) -> int:
         args.limit, args.max_new_tokens, args.sets, args.repeats, args.head_reps = 1, 12, args.sets[:1], 1, 3
     if min(args.limit, args.threads, args.repeats, args.head_reps) < 1 or args.max_new_tokens < 2:
         raise UserError("--limit, --threads, --repeats and --head-reps must be >= 1 and --max-new-tokens >= 2")
-    out = Path(args.out) if args.out else repo_root() / "experiments" / "results"
+    out = check_out_dir(args.out if args.out is not None else repo_root() / "experiments" / "results")
     res = {"argv": list(argv if argv is not None else sys.argv[1:]), "date": time.strftime("%Y-%m-%d %H:%M UTC"),
            "machine": f"{platform.machine()}, {os.cpu_count()} CPUs", **measure(args)}
-    out.mkdir(parents=True, exist_ok=True)
     with atomic_path(out / "head_screen.json") as tmp:
         tmp.write_text(json.dumps(res, indent=1))
     with atomic_path(out / "head_screen.md") as tmp:

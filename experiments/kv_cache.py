@@ -23,7 +23,7 @@ from domino_lab.config import repo_root
 from domino_lab.data.eval_sets import load_eval_set
 from domino_lab.decoding import kv_cache
 from domino_lab.decoding.batched import batched_generate
-from domino_lab.errors import UserError, atomic_path, run_cli
+from domino_lab.errors import UserError, atomic_path, check_out_dir, run_cli
 from domino_lab.models import load_drafter
 from domino_lab.target import Target, use_decode_threads
 
@@ -59,6 +59,7 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     if a.rounds < 1 or a.limit < 1 or a.engine_limit < 0 or a.max_new_tokens < 1 or min(a.batch_sizes) < 1:
         raise UserError("--rounds, --limit, --max-new-tokens and --batch-sizes must be >= 1, --engine-limit >= 0")
+    out = None if a.out is None else check_out_dir(a.out if Path(a.out).is_absolute() else repo_root() / a.out)
     sets = {s: load_eval_set(s, limit=a.limit) for s in a.sets}
     target = Target.from_pretrained(a.target)
     use_decode_threads(target, a.threads)
@@ -116,9 +117,7 @@ def main(argv=None) -> int:
                      f"{'yes' if row['identical'] else 'NO'} |")
     text = "\n".join(lines) + "\n"
     print(text)
-    if a.out:
-        out = Path(a.out)
-        out = out if out.is_absolute() else repo_root() / out
+    if out is not None:
         with atomic_path(out / "kv_cache.md") as t:
             t.write_text(text)
         with atomic_path(out / "kv_cache.json") as t:

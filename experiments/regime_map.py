@@ -39,7 +39,7 @@ from domino_lab import Drafter, Target
 from domino_lab.bench import projection
 from domino_lab.decoding.metrics import speedup_bound
 from domino_lab.config import repo_root
-from domino_lab.errors import atomic_path, run_cli
+from domino_lab.errors import atomic_path, check_out_file, run_cli
 from domino_lab.decoding import tree as trees
 from domino_lab.experiments.timing import cached_step, cached_tree_step
 from domino_lab.target import default_tap_layers, use_decode_threads
@@ -246,6 +246,8 @@ def main(argv=None) -> int:
                    help="experiments/tree.py result whose Domino tree/chain τ gain per set is projected")
     p.add_argument("--quick", action="store_true", help="two tiny shapes, 2 reps (tests)")
     a = p.parse_args(argv)
+    stem = Path(a.out) if Path(a.out).is_absolute() else repo_root() / a.out
+    check_out_file(stem.with_suffix(".json"))
     tree_nodes = trees.check_tree_nodes(a.tree_nodes, "--tree-nodes")
     shapes = QUICK if a.quick else SHAPES
     reps, rounds = (2, 1) if a.quick else (a.reps, a.rounds)
@@ -265,9 +267,6 @@ def main(argv=None) -> int:
     shipped = {s_: measured[s_]["domino"]["tau"] for s_ in proj}
     tree_path = Path(a.tree) if Path(a.tree).is_absolute() else repo_root() / a.tree
     gains = tree_gains(tree_path, tree_nodes) if tree_nodes else {}
-    stem = Path(a.out)
-    stem = stem if stem.is_absolute() else repo_root() / stem
-    stem.parent.mkdir(parents=True, exist_ok=True)
     with atomic_path(stem.with_suffix(".json")) as t:
         t.write_text(json.dumps({"meta": meta, "shipped_tau": shipped, "tree_tau_gain": gains, "results": res},
                                indent=1))

@@ -14,7 +14,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from domino_lab.errors import UserError, run_cli
+from domino_lab.errors import UserError, atomic_path, check_out_file, run_cli
 from domino_lab.evaluate import paired
 
 
@@ -89,6 +89,7 @@ def main(argv=None) -> int:
                         "each seed's file pools under one name")
     p.add_argument("--out", required=True, help="markdown output (JSON beside it)")
     args = p.parse_args(argv)
+    check_out_file(args.out)
     renames = parse_renames(args.rename)
     runs = [load_seed(spec, renames) for spec in args.runs]
     result = {f"{a}_vs_{b}": summarize(runs, a, b) for a, b in args.pair}
@@ -106,9 +107,10 @@ def main(argv=None) -> int:
                          f"({r['pooled_ci95'][0]:+.3f}, {r['pooled_ci95'][1]:+.3f}), n={r['n']} | "
                          f"{r['wins']}/{r['losses']} |")
     out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text("\n".join(lines) + "\n")
-    out.with_suffix(".json").write_text(json.dumps(result, indent=1))
+    with atomic_path(out) as t:
+        t.write_text("\n".join(lines) + "\n")
+    with atomic_path(out.with_suffix(".json")) as t:
+        t.write_text(json.dumps(result, indent=1))
     print("\n".join(lines))
     return 0
 

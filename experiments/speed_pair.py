@@ -26,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-from domino_lab.errors import UserError, atomic_path, run_cli
+from domino_lab.errors import UserError, atomic_path, check_out_dir, run_cli
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -61,6 +61,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         raise UserError(f"--temperature must be in [0, 10] (0 = greedy), got {a.temperature}")
     # each label's sampler, by label
     a.samplers = {a.a.partition("=")[0]: a.sampler, a.b.partition("=")[0]: a.sampler_b or a.sampler}
+    if a.out is not None:
+        check_out_dir(a.out)
     return a
 
 
@@ -184,7 +186,6 @@ def main(argv=None) -> int:
     print(md)
     if args.out:
         out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
         with atomic_path(out / "speed_pair.json") as t:
             t.write_text(json.dumps({"meta": meta, "results": res}, indent=1))
         with atomic_path(out / "speed_pair.md") as t:

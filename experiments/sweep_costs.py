@@ -27,7 +27,7 @@ import torch
 from domino_lab.config import load_config
 from domino_lab.decoding import speculative_generate
 from domino_lab.decoding.metrics import StepTally, speedup_bound
-from domino_lab.errors import UserError, atomic_path, run_cli
+from domino_lab.errors import UserError, atomic_path, check_out_dir, run_cli
 from domino_lab.experiments.timing import step_costs
 from domino_lab.models import Drafter
 from domino_lab.target import Target
@@ -57,6 +57,7 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="fewer timed steps (tests)")
     ap.add_argument("--out", default="experiments/results/sweep_costs")
     args = ap.parse_args(argv)
+    check_out_dir(args.out)
     sdir = Path(args.sweep_dir)
     summary = sdir / "summary.json"
     if not summary.is_file():
@@ -102,7 +103,6 @@ def main(argv=None) -> int:
             lines.append(f"| {n} | {rows[n]['values'][0]:.3f} | {way} | {med['draft_ms']:.2f} | {med['verify_ms']:.2f} | "
                          f"{med['step_ms']:.2f} | {' '.join(f'{e:.2f}' for e in est)} | {max(est) / min(est):.2f} |")
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     with atomic_path(out / "sweep_costs.md") as tmp:
         tmp.write_text("\n".join(lines) + "\n")
     with atomic_path(out / "sweep_costs.json") as tmp:

@@ -213,8 +213,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cache-dir", default=None)
     args = ap.parse_args(argv)
 
-    from domino_lab.errors import atomic_path
+    from domino_lab.errors import atomic_path, check_out_file
 
+    check_out_file(args.out)
+    if args.copy_to is not None:
+        check_out_file(args.copy_to, "--copy-to")
     res = measure(args)
     md = render(res)
     out = Path(args.out)

@@ -14,7 +14,7 @@ import torch
 
 from domino_lab.data.eval_sets import load_eval_set
 from domino_lab.decoding import speculative_generate
-from domino_lab.errors import run_cli
+from domino_lab.errors import atomic_path, check_out_file, run_cli
 from domino_lab.models import load_drafter
 from domino_lab.target import Target
 
@@ -27,6 +27,7 @@ def main(argv=None) -> int:
     p.add_argument("--max-new-tokens", type=int, default=96)
     p.add_argument("--out", required=True)
     a = p.parse_args(argv)
+    check_out_file(a.out)
     torch.set_num_threads(1)
     target = Target.from_pretrained("default")
     out = {}
@@ -42,8 +43,8 @@ def main(argv=None) -> int:
                 h.update(json.dumps([r.token_ids, r.acceptance_lengths]).encode())
             out[f"{name}/{s}"] = {"tau": repr(committed / steps), "steps": steps, "digest": h.hexdigest()[:16]}
             print(name, s, out[f"{name}/{s}"], file=sys.stderr, flush=True)
-    with open(a.out, "w") as f:
-        json.dump(out, f, indent=1)
+    with atomic_path(a.out) as t:
+        t.write_text(json.dumps(out, indent=1))
     return 0
 
 

@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-from domino_lab.errors import UserError, run_cli
+from domino_lab.errors import UserError, check_out_dir, run_cli
 from domino_lab.experiments.curves import convergence_curves, loss_history, plot_convergence, plot_loss_curves
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -154,7 +154,7 @@ def main(argv=None) -> int:
             raise UserError(f"no recipe experiments/configs/{r}.yaml")
     if args.parallel < 1:
         raise UserError("--parallel must be at least 1")
-    runs = Path(args.runs_dir)
+    runs = check_out_dir(args.runs_dir, "--runs-dir")
     if args.ship_only:
         ship(args, argv)
         return 0

@@ -20,7 +20,7 @@ from lightning.pytorch.plugins.precision import MixedPrecision, Precision
 
 from domino_lab.config import load_config, repo_root
 from domino_lab.data.features import ensure
-from domino_lab.errors import atomic_path, run_cli
+from domino_lab.errors import atomic_path, check_out_file, run_cli
 from domino_lab.target import Target
 from domino_lab.training.config import TrainConfig, drafter_config
 from domino_lab.training.datamodule import DrafterDataModule
@@ -41,6 +41,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=None, help="markdown result (default: print only)")
     p.add_argument("overrides", nargs="*", help="key=value recipe overrides, as for domino_lab.train")
     a = p.parse_intermixed_args(argv)
+    out = None if a.out is None else check_out_file(a.out if Path(a.out).is_absolute() else repo_root() / a.out)
     torch.set_num_threads(a.threads)
     over = [f"data.path={a.data}"] + ([f"data.features_dir={a.features_dir}"] if a.features_dir else []) + a.overrides
     cfg = load_config(TrainConfig, a.config, over)
@@ -104,9 +105,7 @@ def main(argv=None) -> int:
     ]
     text = "\n".join(lines) + "\n"
     print(text)
-    if a.out:
-        out = Path(a.out)
-        out = out if out.is_absolute() else repo_root() / out
+    if out is not None:
         with atomic_path(out) as t:
             t.write_text(text)
     return 0

@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from domino_lab.errors import UserError, atomic_path, run_cli  # noqa: E402
+from domino_lab.errors import UserError, atomic_path, check_out_dir, run_cli  # noqa: E402
 
 DEFAULT_DRAFTERS = ["domino=default", "dflash=default-dflash"]
 
@@ -65,6 +65,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="two drafter families whose per-prompt τ is compared pairwise at every N (default: the first "
                         "two families given)")
     args = p.parse_args(argv)
+    check_out_dir(args.out)
     if args.quick:
         args.limit, args.max_new_tokens, args.rounds = min(args.limit, 2), min(args.max_new_tokens, 16), 1
     from domino_lab.decoding.tree import check_tree_nodes
@@ -294,7 +295,6 @@ def main(argv=None) -> int:
             "limit": args.limit, "max_new_tokens": args.max_new_tokens, "rounds": args.rounds,
             "temperature": args.temperature, "sampler": args.sampler, "wall_s": round(time.time() - started, 1)}
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     cmp = compare(results, *args.compare) if args.compare else {}
     with atomic_path(out / "tree.json") as t:
         t.write_text(json.dumps({"meta": meta, "summary": summ, "results": results,

@@ -24,7 +24,7 @@ from transformers import MistralConfig, MistralForCausalLM
 
 from domino_lab import Drafter, Target, speculative_generate
 from domino_lab.decoding import engine, kv_cache
-from domino_lab.errors import UserError, atomic_path, run_cli
+from domino_lab.errors import UserError, atomic_path, check_out_dir, run_cli
 
 
 def build_target(window: int, layers: int, hidden: int) -> Target:
@@ -77,6 +77,8 @@ def main(argv=None) -> int:
     if min(a.window, a.layers, a.prompt_tokens, a.rounds, a.threads, *a.new_tokens) < 1 or a.hidden % 128:
         raise UserError("--window, --layers, --prompt-tokens, --new-tokens, --rounds and --threads must be ≥ 1 and "
                         "--hidden a multiple of 128")
+    if a.out is not None:
+        check_out_dir(a.out)
     torch.set_num_threads(a.threads)
     target = build_target(a.window, a.layers, a.hidden)
     drafter = Drafter.untrained(target, "domino", block_size=8)
@@ -121,7 +123,6 @@ def main(argv=None) -> int:
     print(text)
     if a.out:
         out = Path(a.out)
-        out.mkdir(parents=True, exist_ok=True)
         with atomic_path(out / "window_cache.md") as tmp:
             tmp.write_text(text)
         with atomic_path(out / "window_cache.json") as tmp:

@@ -200,6 +200,22 @@ def ranked_header_prompts(name: str, files: Iterable[tuple[str, str]], n: int | 
     return [{"id": i, "prompt": p} for i, p in zip(rows["id"], rows["prompt"])]
 
 
+# The usual source of a lone surrogate in a JSONL file: an escape such as "\udcff" written for a byte that was not
+# UTF-8 (Python's json.dumps of text read with errors="surrogateescape").
+JSON_ESCAPE_FIX = "write the file's text as UTF-8 (an unpaired \\udXXX escape stands for no character)"
+
+
+def check_prompt_text(text: str, what: str, fix: str = "give the prompt as UTF-8 text") -> None:
+    """`text` can be encoded, i.e. holds no lone surrogate: what Python makes of bytes that are not UTF-8 (a
+    command-line argument, an escape in a JSON file). Tokenizers and every writer of the text fail on it later,
+    with a traceback and after output was begun, so prompts are checked where they are read."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise UserError(f"{what} is not valid UTF-8 text (a lone surrogate at character {e.start + 1}); "
+                        f"{fix}") from None
+
+
 def read_prompts_jsonl(path: str | Path) -> list[dict]:
     """`{"id", "prompt"}` per line (blank lines skipped). `id` may be a string or an integer and
     defaults to `<file stem>/<line number>`; every problem is reported with file and line number."""
@@ -213,6 +229,7 @@ def read_prompts_jsonl(path: str | Path) -> list[dict]:
         if not line.strip():
             continue
         where = f"{path}:{i}"
+        what = f"prompt {len(out) + 1} of {path} (line {i})"
         try:
             obj = json.loads(line)
         except json.JSONDecodeError as e:
@@ -226,10 +243,12 @@ def read_prompts_jsonl(path: str | Path) -> list[dict]:
             raise UserError(f'{where}: missing or non-string "prompt"')
         if not prompt.strip():
             raise UserError(f"{where}: empty prompt")
+        check_prompt_text(prompt, what, JSON_ESCAPE_FIX)
         pid = obj.get("id", f"{path.stem}/{i}")
         if isinstance(pid, bool) or not isinstance(pid, (str, int)):
             raise UserError(f'{where}: "id" must be a string or an integer')
         pid = str(pid)
+        check_prompt_text(pid, f"the id of {what}", JSON_ESCAPE_FIX)
         if pid in seen:
             raise UserError(f"{where}: duplicate id {pid!r} (first on line {seen[pid]})")
         seen[pid] = i

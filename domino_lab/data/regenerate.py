@@ -34,6 +34,7 @@ from typing import Iterator, Sequence
 
 from ..errors import UserError, atomic_path
 from ..validation import check_number
+from .eval_sets import check_prompt_text
 
 SHARD_DIR = "_shards"
 META = "meta.json"
@@ -282,6 +283,9 @@ def regenerate(target, prompts: Sequence[dict], out_dir: str | os.PathLike, *, m
     for p in prompts:
         if not isinstance(p.get("prompt"), str) or not p["prompt"].strip():
             raise UserError(f"prompt {p['id']!r} is empty or not a string")
+        # text that cannot be encoded fails in the tokenizer or the shard writer, after _shards/ exists
+        check_prompt_text(p["prompt"], f"prompt {p['id']!r}")
+        check_prompt_text(str(p["id"]), f"prompt id {p['id']!r}", "give ids as UTF-8 text")
 
     out_dir = Path(out_dir)
     check_out_dir(out_dir)
@@ -289,6 +293,9 @@ def regenerate(target, prompts: Sequence[dict], out_dir: str | os.PathLike, *, m
         target_name = str(target) if isinstance(target, (str, os.PathLike)) else getattr(target, "name", "custom")
     tgt = _resolve_target(target, dtype=dtype, device=device)
     model, tok = tgt.model, tgt.tokenizer
+    if tok is None:
+        raise UserError(f"target '{target_name}' has no tokenizer, and regenerate writes responses to text prompts; "
+                        "add its tokenizer files (tokenizer.json, tokenizer_config.json) to the model directory")
     eos = sorted(getattr(tgt, "eos_token_ids", None) or {tok.eos_token_id})
     if not eos or eos[0] is None:
         raise UserError("the target defines no EOS token; responses could never stop")

@@ -15,18 +15,30 @@ import time
 from pathlib import Path
 
 from ..errors import UserError, atomic_path, run_cli
+from ..validation import check_int
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m domino_lab.experiments", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
     sub.add_parser("list", help="the experiments in experiments/specs/")
-    r = sub.add_parser("run", help="run one experiment")
+    add_run_arguments(sub.add_parser("run", help="run one experiment"))
+    rep = sub.add_parser("report", help="re-render NAME.md from NAME.json (after editing the spec's reading)")
+    rep.add_argument("name")
+    rep.add_argument("--out-dir", help="where NAME.json is and NAME.md goes (default experiments/results)")
+    return p
+
+
+def add_run_arguments(r: argparse.ArgumentParser) -> None:
     r.add_argument("name", help="an experiment name (see `list`) or a spec .yaml")
-    r.add_argument("overrides", nargs="*", help="key=value applied to every training run after the spec's own, e.g. "
-                                                "target=Qwen/Qwen3-8B data.path=runs/regenerated/qwen3-8b")
+    r.add_argument("overrides", nargs="*", default=[],
+                   help="key=value applied to every training run after the spec's own, e.g. target=Qwen/Qwen3-8B "
+                        "data.path=runs/regenerated/qwen3-8b (before or after the options; with --quick, a key given "
+                        "here wins over --quick's own value for it)")
     r.add_argument("--quick", action="store_true",
-                   help="a few training steps, 2 prompts x 8 tokens: checks the whole path in minutes")
+                   help="a few training steps, 2 prompts x 8 tokens: checks the whole path in minutes (its training "
+                        "values, e.g. max_steps=4 and its own small data.path, fill in every key the command line "
+                        "does not set)")
     r.add_argument("--out-dir", help="where NAME.md/.json go (default experiments/results; --quick: "
                                      "<runs-dir>/results)")
     r.add_argument("--runs-dir", help="trained drafters, shared by experiments, with their training data and MLflow "
@@ -35,13 +47,23 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--tracking-uri", help="MLflow tracking URI for the training runs (default "
                                           "sqlite:///<runs folder>/mlflow.db)")
     r.add_argument("--threads", type=int, default=None,
-                   help="torch threads (default: all cores for training; for decoding with a small CPU target 1 or "
-                        "all cores, whichever measures faster, docs/design.md#threads-for-small-targets)")
+                   help="torch threads, >= 1 (default: all cores for training; for decoding with a small CPU target 1 "
+                        "or all cores, whichever measures faster, docs/design.md#threads-for-small-targets)")
     r.add_argument("--no-progress", action="store_true")
-    rep = sub.add_parser("report", help="re-render NAME.md from NAME.json (after editing the spec's reading)")
-    rep.add_argument("name")
-    rep.add_argument("--out-dir", help="where NAME.json is and NAME.md goes (default experiments/results)")
-    return p
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    """The command line; `run`'s overrides may come before or after its options (`run NAME --runs-dir D
+    target=X`), as for train and sweep. argparse cannot parse a command with subcommands intermixed, so `run` is
+    parsed by a parser of its own."""
+    words = sys.argv[1:] if argv is None else list(argv)
+    if words[:1] != ["run"]:
+        return build_parser().parse_args(words)
+    r = argparse.ArgumentParser(prog="python -m domino_lab.experiments run", description="run one experiment")
+    add_run_arguments(r)
+    args = r.parse_intermixed_args(words[1:])
+    args.cmd = "run"
+    return args
 
 
 def results_dir() -> Path:
@@ -64,6 +86,22 @@ def run_dirs(args) -> tuple[Path, Path, str]:
     return runs_dir, root, args.tracking_uri or f"sqlite:///{root / 'mlflow.db'}"
 
 
+def check_writable(out_dir: Path) -> None:
+    """--out-dir can be created and written, checked without creating it: a file can be made in its nearest
+    existing folder (a probe, not os.access, which says yes to root even on read-only or virtual file systems)."""
+    import tempfile
+
+    existing = out_dir.expanduser().absolute()
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    try:
+        with tempfile.TemporaryFile(dir=existing):
+            pass
+    except OSError as e:
+        raise UserError(f"cannot create --out-dir {out_dir}: {existing} is not a writable folder ({e.strerror}); "
+                        "choose a writable location") from None
+
+
 def run(args) -> dict:
     import torch
 
@@ -74,7 +112,7 @@ def run(args) -> dict:
     from .training import QUICK_TRAIN, resolve_runs, train_runs
 
     spec = load_spec(args.name)
-    if args.threads:
+    if args.threads is not None:
         torch.set_num_threads(args.threads)
     quick = args.quick
     runs_dir, runs_root, tracking_uri = run_dirs(args)
@@ -84,10 +122,7 @@ def run(args) -> dict:
         for r in spec.runs:
             r.seeds = r.seeds[:1] if r.seeds else None
     resolved = resolve_runs(spec, runs_dir, quick, tracking_uri, args.overrides, runs_root=runs_root)
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise UserError(f"cannot create --out-dir {out_dir}: {e.strerror}") from None
+    check_writable(out_dir)      # created only when the results are written, so a failed run leaves no empty one
     t0 = time.time()
     before = {p.parent.name for p in runs_dir.glob("*/result.json")}
     trained = train_runs(resolved, runs_dir, quick)
@@ -156,7 +191,7 @@ def report(args) -> None:
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_args(argv)
     if args.cmd == "list":
         from .spec import available, load_spec
         for n in available():
@@ -165,6 +200,8 @@ def main(argv=None) -> int:
     if args.cmd == "report":
         report(args)
         return 0
+    if args.threads is not None:      # before anything runs: decoding, after every run is trained, would refuse it
+        check_int(args.threads, "--threads", 1, what=" (torch threads)")
     args.argv = argv
     run(args)
     return 0

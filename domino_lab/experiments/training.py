@@ -58,13 +58,27 @@ def run_config(spec: RunSpec, seed: int, runs_dir: Path, quick_data: str | None,
     ov += list(spec.overrides) + list(extra) + [f"seed={seed}", f"out_dir={json.dumps(str(out))}",
                                                 f"run_name={spec.name}-s{seed}", "experiment=experiments",
                                                 "progress_bar=false"]
+    user_keys = {_key(o) for o in extra}
     if quick_data:
-        # the quick head size applies to every run; a run that sweeps rank/g keeps its own values
-        keep = {k.split("=")[0] for k in list(spec.params) + [o.split("=")[0] for o in spec.overrides]}
-        ov += [o for o in QUICK_TRAIN if o.split("=")[0] not in keep] + [f"data.path={json.dumps(str(quick_data))}"]
+        # --quick's values fill in only what was not set: a run that sweeps rank/g keeps its own values, and a key
+        # given on the command line wins (so the user's value is the one checked and used, never silently replaced)
+        keep = {_key(k) for k in list(spec.params) + list(spec.overrides)} | user_keys
+        ov += [o for o in QUICK_TRAIN if _key(o) not in keep]
+        if "data.path" not in user_keys:
+            ov.append(f"data.path={json.dumps(str(quick_data))}")
     if tracking_uri:
         ov.append(f"tracking_uri={tracking_uri}")
-    return load_config(TrainConfig, base, ov, runs_dir=runs_root), sweep
+    cfg = load_config(TrainConfig, base, ov, runs_dir=runs_root)
+    if quick_data and "data.path" in user_keys and not Path(cfg.data.path).exists():
+        # --quick makes only its own small data: made at the user's path, it would later pass for full data there
+        raise UserError(f"--quick with data.path: {cfg.data.path} does not exist; leave data.path out to use "
+                        "--quick's own small data, or name regenerated data that exists")
+    return cfg, sweep
+
+
+def _key(assignment: str) -> str:
+    """The key of a `key=value` override (or of a sweep param name)."""
+    return assignment.split("=", 1)[0].strip()
 
 
 def ensure_data(cfg, target, sweep, quick: bool) -> None:
@@ -104,16 +118,19 @@ def train_runs(resolved: list, runs_dir: Path, quick: bool) -> dict:
     from ..target import Target
     from ..train import latest_checkpoint, train
 
+    # every target a run to train needs is loaded before any folder is made, so a bad target= leaves none behind
+    targets = {}
+    for _, _, cfg, _ in resolved:
+        if cfg is not None and not (Path(cfg.out_dir) / "result.json").exists() and cfg.target not in targets:
+            targets[cfg.target] = Target.from_pretrained(cfg.target, dtype=cfg.dtype)
     runs_dir.mkdir(parents=True, exist_ok=True)
-    out, targets = {}, {}
+    out = {}
     for r, seed, cfg, sweep in resolved:
         if cfg is None:
             out[(r.name, seed)] = TrainedRun(r.name, seed, r.checkpoint, None, None, {})
             continue
         result_file = Path(cfg.out_dir) / "result.json"
         if not result_file.exists():
-            if cfg.target not in targets:
-                targets[cfg.target] = Target.from_pretrained(cfg.target, dtype=cfg.dtype)
             ensure_data(cfg, targets[cfg.target], sweep, quick)
             resume = latest_checkpoint(Path(cfg.out_dir) / "checkpoints") is not None
             print(f"[experiments] training {r.name} seed {seed} -> {cfg.out_dir}", file=sys.stderr)

@@ -20,6 +20,10 @@ RUNTIME_KEYS = ("head_impl", "candidate_pool")
 _SCALARS = {"int": int, "float": float, "bool": bool, "str": str}   # annotations are strings here
 
 
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)     # JSON true is not a layer id or a size
+
+
 @dataclass
 class DrafterConfig:
     method: str = "domino"            # a registered family (models/registry.py): "dflash" = backbone only;
@@ -67,7 +71,7 @@ class DrafterConfig:
     def __post_init__(self):
         from .registry import family
 
-        self._check_scalar_types()
+        self._check_field_types()
         family(self.method).check_config(self)     # unknown methods and family-specific rules
         if self.block_size < 1 or (not self.shift_label and self.block_size < 2):
             raise UserError(f"block_size {self.block_size} is too small (needs >= {1 if self.shift_label else 2})")
@@ -83,18 +87,34 @@ class DrafterConfig:
         for name in ("num_layers", "gru_hidden", "rank", "head_dim"):
             if getattr(self, name) < 1:
                 raise UserError(f"{name} must be >= 1 (got {getattr(self, name)})")
+        # token ids index the target's embedding: one outside the vocabulary fails only mid-decode
+        if not 0 <= self.mask_token_id < self.vocab_size:
+            raise UserError(f"mask_token_id {self.mask_token_id} is outside the vocabulary [0, {self.vocab_size}); "
+                            "use the target's MASK token id")
+        if not self.target_layer_ids or min(self.target_layer_ids) < 0:
+            raise UserError(f"target_layer_ids {self.target_layer_ids} must name at least one target layer, "
+                            "each >= 0")
 
-    def _check_scalar_types(self) -> None:
-        """Scalar fields hold their annotated type (an int where a float is expected becomes that float): values
-        from `untrained:METHOD:key=value` specs or hand-edited config files arrive unchecked."""
+    def _check_field_types(self) -> None:
+        """Every field holds its annotated type (an int where a float is expected becomes that float): values
+        from `untrained:METHOD:key=value` specs or hand-edited config files arrive unchecked, and a wrong one
+        would otherwise fail far from here, mid-load or mid-decode."""
         for f in fields(self):
-            want = _SCALARS.get(f.type)
             v = getattr(self, f.name)
+            if f.type == "list[int]":
+                if not isinstance(v, list) or not all(_is_int(x) for x in v):
+                    raise UserError(f"drafter option {f.name} must be a list of ints, got {v!r}")
+                continue
+            if f.type == "dict":
+                if not isinstance(v, dict):
+                    raise UserError(f"drafter option {f.name} must be a JSON object (a dict), got {v!r}")
+                continue
+            want = _SCALARS.get(f.type)
             if want is None:
                 continue
-            if want is float and isinstance(v, int) and not isinstance(v, bool):
+            if want is float and _is_int(v):
                 setattr(self, f.name, float(v))
-            elif not isinstance(v, want) or (want is int and isinstance(v, bool)):
+            elif (want is int and not _is_int(v)) or not isinstance(v, want):
                 raise UserError(f"drafter option {f.name} must be {'a' if want is not int else 'an'} "
                                 f"{want.__name__}, got {v!r}")
 
@@ -157,10 +177,20 @@ class DrafterConfig:
         return json.dumps(asdict(self), indent=2)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "DrafterConfig":
+    def from_dict(cls, d: dict, source: str | None = None) -> "DrafterConfig":
+        """The config a JSON object describes; `source` (the file it came from) is named in every error."""
+        where = f"drafter config {source}" if source else "drafter config"
+        if not isinstance(d, dict):
+            raise UserError(f"{where} must be a JSON object of drafter options, got a {type(d).__name__}; "
+                            "restore the config.json that Drafter.save_pretrained / domino_lab.export wrote")
         known = {f.name for f in fields(cls)}
         d = {k: v for k, v in d.items() if k not in RUNTIME_KEYS}
         unknown = set(d) - known
         if unknown:
-            raise UserError(f"drafter config has unknown key(s) {sorted(unknown)}")
-        return cls(**d)
+            raise UserError(f"{where} has unknown key(s) {sorted(unknown)}")
+        try:
+            return cls(**d)
+        except UserError as e:
+            if not source:
+                raise
+            raise UserError(f"{where}: {e}") from None

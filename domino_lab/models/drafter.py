@@ -20,6 +20,7 @@ from torch import nn
 from ..errors import UserError, atomic_dir
 from .config import DrafterConfig
 from .options import InferenceOptions
+from .weights_file import safetensors_shapes
 from . import registry
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
@@ -262,10 +263,7 @@ class Drafter(nn.Module, metaclass=ABCMeta):
         if not cfg_file.exists() or not weights.exists():
             raise UserError(f"drafter '{path}' is not a drafter directory (needs config.json and model.safetensors); "
                             "pass a directory written by Drafter.save_pretrained / domino_lab.train")
-        try:
-            cfg = DrafterConfig.from_dict(json.loads(cfg_file.read_text()))
-        except (json.JSONDecodeError, TypeError) as e:
-            raise UserError(f"drafter config {cfg_file} is malformed: {e}") from None
+        cfg = DrafterConfig.from_dict(read_config_json(cfg_file), source=str(cfg_file))
         cfg.check_target(target)
         drafter = Drafter(cfg)
         check_weights(weights, drafter.state_dict(), cfg_file)
@@ -277,6 +275,17 @@ class Drafter(nn.Module, metaclass=ABCMeta):
         """A freshly initialised, seeded drafter for `target` (teaching, tests, `untrained:<method>`)."""
         torch.manual_seed(seed)
         return Drafter(DrafterConfig.for_target(target, method, **overrides), target)
+
+
+def read_config_json(cfg_file: Path):
+    """The parsed JSON of a drafter's config.json; an unreadable or non-JSON file is one UserError naming it."""
+    fix = "restore the config.json that Drafter.save_pretrained / domino_lab.export wrote"
+    try:
+        return json.loads(cfg_file.read_text(encoding="utf-8"))
+    except OSError as e:
+        raise UserError(f"cannot read drafter config {cfg_file}: {e.strerror}; {fix}") from None
+    except ValueError as e:       # not UTF-8, or not JSON
+        raise UserError(f"drafter config {cfg_file} is not valid JSON ({e}); {fix}") from None
 
 
 def read_provenance(path: str | os.PathLike) -> dict:
@@ -302,24 +311,7 @@ def check_weights(weights: Path, expected: dict, cfg_file: Path) -> None:
     complete (read from its header, before any tensor is loaded): a truncated or corrupted file, or a config.json
     that disagrees with the weights, is one UserError instead of a loader traceback."""
     fix = "re-export the drafter (Drafter.save_pretrained / domino_lab.train) or restore its files"
-    try:
-        size = weights.stat().st_size
-        with open(weights, "rb") as f:
-            n = int.from_bytes(f.read(8), "little")
-            if size < 8 or not 2 <= n <= size - 8:
-                raise ValueError("the header is cut off")
-            header = json.loads(f.read(n))
-        header.pop("__metadata__", None)
-        end = max((int(v["data_offsets"][1]) for v in header.values()), default=0)
-        shapes = {k: [int(d) for d in v["shape"]] for k, v in header.items()}
-    except OSError as e:
-        raise UserError(f"cannot read drafter weights {weights}: {e.strerror}") from None
-    except (ValueError, KeyError, TypeError, IndexError, AttributeError):
-        raise UserError(f"drafter weights {weights} are not a readable safetensors file (corrupted or cut off); "
-                        f"{fix}") from None
-    if 8 + n + end > size:
-        raise UserError(f"drafter weights {weights} are cut off ({size} bytes, the header says "
-                        f"{8 + n + end}); {fix}")
+    shapes = safetensors_shapes(weights, fix)
     want = {k: list(v.shape) for k, v in expected.items()}
     missing, extra = sorted(set(want) - set(shapes)), sorted(set(shapes) - set(want))
     if missing or extra:
@@ -344,14 +336,15 @@ def load_drafter(spec: str | None, target, seed: int = 0, options: InferenceOpti
 def family_of(spec: str) -> type | None:
     """The family class (models/registry.py) of a shipped name or checkpoint dir (ours or a release layout), read
     from its config.json without loading weights; None when it is not a readable drafter directory."""
-    from .export import layout_of, method_of
+    from .export import layout_of, method_of, read_config
 
-    path = SHIPPED_DRAFTERS.get(spec, Path(spec))
+    cfg = read_config(SHIPPED_DRAFTERS.get(spec, Path(spec)))
+    if cfg is None:
+        return None
     try:
-        cfg = json.loads((path / "config.json").read_text())
         method = method_of(cfg) if layout_of(cfg) else cfg.get("method")
         return registry.family(method)
-    except (OSError, ValueError, UserError):
+    except (UserError, TypeError, AttributeError):     # a field of the wrong type: not a drafter we can read
         return None
 
 

@@ -297,19 +297,41 @@ def serving_readme(drafter, fmt: str, out: Path, cfg: dict) -> str:
 
 # ---- reading -------------------------------------------------------------------------------------
 def _load_weights(path: Path) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
-
     single = path / "model.safetensors"
     if single.is_file():
-        return load_file(str(single))
+        return _load_complete(single)
     index = path / "model.safetensors.index.json"
     if index.is_file():
-        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
         weights = {}
-        for f in files:
-            weights.update(load_file(str(path / f)))
+        for f in _shard_files(index):
+            weights.update(_load_complete(path / f))
         return weights
     raise UserError(f"drafter '{path}' has a release config.json but no model.safetensors")
+
+
+def _load_complete(file: Path) -> dict[str, torch.Tensor]:
+    """The tensors of one safetensors file, checked whole from its header first: a cut-off or corrupted download
+    is one UserError naming the file, not a loader traceback."""
+    from safetensors.torch import load_file
+
+    from .weights_file import safetensors_shapes
+
+    safetensors_shapes(file, "download the release again or restore its files")
+    return load_file(str(file))
+
+
+def _shard_files(index: Path) -> list[str]:
+    """The weight files a sharded release's model.safetensors.index.json lists."""
+    try:
+        files = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
+    except OSError as e:
+        raise UserError(f"cannot read {index}: {e.strerror}; restore the release's files") from None
+    except (ValueError, KeyError, TypeError, AttributeError):
+        raise UserError(f"{index} is not a safetensors index (a JSON object with a weight_map of tensor -> file); "
+                        "download the release again or restore its files") from None
+    if not all(isinstance(f, str) for f in files):
+        raise UserError(f"{index} maps tensors to something other than file names; restore the release's files")
+    return files
 
 
 def _qwen3(q: dict):
@@ -461,6 +483,18 @@ def release_to_state_dict(weights: dict[str, torch.Tensor], cfg: DrafterConfig) 
     return out
 
 
+def _config_of(cfg_file: Path, cfg: dict, target, weights: dict[str, torch.Tensor]) -> DrafterConfig:
+    """release_to_config, with every error naming the file: a hand-edited or foreign config may hold a field of the
+    wrong type (a string where a number belongs), which the conversions there meet as a TypeError or ValueError."""
+    try:
+        return release_to_config(cfg, target, weights)
+    except UserError as e:
+        raise UserError(f"release config {cfg_file}: {e}") from None
+    except (TypeError, ValueError, AttributeError) as e:
+        raise UserError(f"release config {cfg_file} has a field of the wrong type or shape ({e}); restore the "
+                        "config.json the release shipped") from None
+
+
 def load_release(path: str | os.PathLike, target):
     """A drafter from a Domino / DFlash / speculators release directory, bound to `target` (which supplies the
     embedding and the LM head)."""
@@ -469,7 +503,7 @@ def load_release(path: str | os.PathLike, target):
     if layout_of(cfg) is None:
         raise UserError(f"'{path}' is not a Domino / DFlash release directory")
     weights = _load_weights(path)
-    dcfg = release_to_config(cfg, target, weights)
+    dcfg = _config_of(path / "config.json", cfg, target, weights)
     state = release_to_state_dict(weights, dcfg)
     drafter = registry.family(dcfg.method)(dcfg)
     missing = sorted(set(drafter.state_dict()) - set(state))

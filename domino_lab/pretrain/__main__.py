@@ -20,8 +20,9 @@ import tempfile
 from pathlib import Path
 
 from ..config import default_runs_dir
-from ..errors import UserError, run_cli
+from ..errors import UserError, check_out_dir, run_cli
 from .recipe import DEFAULT_CONFIG, SHIPPED_DIR, apply_quick, load_recipe
+from .train import check_export_dir
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -34,18 +35,25 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cache-dir", default=None, help="dataset/tokenizer cache (default: $DOMINO_LAB_CACHE or ~/.cache/domino_lab)")
     args = ap.parse_args(argv)
 
+    # every place written to is checked before anything is created or trained
+    if args.runs_dir is not None:
+        check_out_dir(args.runs_dir, "--runs-dir")
     recipe = load_recipe(args.config, runs_dir=args.runs_dir)
+    if args.quick:
+        recipe = apply_quick(recipe)
+        if args.out:
+            check_export_dir(args.out)
+            if Path(args.out).resolve() == SHIPPED_DIR.resolve():
+                raise UserError("--quick must not overwrite the shipped target; pass another --out")
+    else:
+        out = check_export_dir(args.out or recipe.out_dir or SHIPPED_DIR, "--out" if args.out else "out_dir")
     from ..data.cache import cache_root
 
     cache_root(args.cache_dir)  # an unwritable cache is a user error: say so before any slow work
     if args.quick:
-        recipe = apply_quick(recipe)
         out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="domino-target-quick-"))
-        if out.resolve() == SHIPPED_DIR.resolve():
-            raise UserError("--quick must not overwrite the shipped target; pass another --out")
         runs = Path(args.runs_dir) if args.runs_dir else out.parent / f".{out.name}-runs"
     else:
-        out = Path(args.out or recipe.out_dir or SHIPPED_DIR)
         runs = Path(args.runs_dir) if args.runs_dir else default_runs_dir()
     from .train import train
 

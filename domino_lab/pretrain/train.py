@@ -17,6 +17,22 @@ from ..errors import UserError
 from .recipe import TargetRecipe
 
 
+EXPORT_FILES = ("config.json", "train_meta.json")      # what marks a folder as an earlier export_target
+
+
+def check_export_dir(out_dir: str | os.PathLike, flag: str = "--out") -> Path:
+    """`out_dir` as a place export_target may replace: absent, an empty folder, or an earlier export (a retrained
+    target takes its place), and creatable; anything else is refused before training rather than deleted after."""
+    from ..errors import check_out_dir
+
+    out = check_out_dir(out_dir, flag)
+    if out.exists() and (not out.is_dir() or (any(out.iterdir())
+                                              and not all((out / f).is_file() for f in EXPORT_FILES))):
+        raise UserError(f"{flag} {out} exists and is not an earlier pretrain output (no "
+                        f"{' and '.join(EXPORT_FILES)}); choose a new or empty {flag} folder")
+    return out
+
+
 def export_target(model, tokenizer, meta: dict, out_dir: Path) -> None:
     """Write fp16 safetensors + config + tokenizer + train_meta.json into `out_dir`, atomically:
     everything goes to a sibling temp folder first, which then replaces `out_dir` in one rename."""
@@ -109,6 +125,7 @@ def train(recipe: TargetRecipe, out_dir: Path, runs_dir: Path, cache_dir=None, q
     from ..data.tokenizer import EOS_TOKEN, MASK_TOKEN, load_or_train_tokenizer
     from .module import ProgressLines, TargetLM
 
+    check_export_dir(out_dir, "out_dir")        # refused before the run, not replaced after it
     started = time.time()
     torch.set_num_threads(recipe.train.threads)
     pl.seed_everything(recipe.train.seed, workers=True, verbose=False)

@@ -15,6 +15,7 @@ import argparse
 import json
 
 from ..errors import run_cli
+from ..validation import check_int
 from .config import DEFAULT_SWEEP, load_sweep
 
 
@@ -27,7 +28,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--storage", help="Optuna RDB URL (default: sqlite under the runs folder)")
     p.add_argument("--n-trials", type=int, help="trials for THIS worker (Optuna counts per worker)")
     p.add_argument("--tracking-uri", help="MLflow tracking URI (default: sqlite:///<runs folder>/mlflow.db)")
-    p.add_argument("--timeout", type=float, help="stop starting new trials after this many minutes")
+    p.add_argument("--timeout", type=float, help="stop starting new trials after this many minutes (> 0; sets the "
+                                                 "sweep's timeout_min; default: no limit)")
     p.add_argument("--runs-dir", help="one folder for everything the sweep writes: optuna.db, trial checkpoints, "
                                       "plots, the summary, the MLflow store and artifacts, the training data "
                                       "(default: <repository>/runs, the sweep itself in runs/sweeps)")
@@ -36,7 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
                                        "default-dflash, or a drafter directory); sets drafter.init_from")
     p.add_argument("--json", action="store_true", help="print summary.json's content instead of the readable report")
     p.add_argument("--seed", type=int, help="sampler seed and every trial's training seed")
-    p.add_argument("--threads", type=int, help="torch threads for this worker (pin when workers share cores)")
+    p.add_argument("--threads", type=int, help="torch threads for this worker, >= 1 (pin when workers share cores; "
+                                               "default: torch's own count)")
     p.add_argument("--prepare-only", action="store_true",
                    help="create the study, its baseline trial, the MLflow parent run and the training data, then "
                         "exit (once, before N workers start together on shared storage)")
@@ -49,6 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
 def parse_args(argv=None):
     """(SweepConfig, parsed arguments) of a command line."""
     args = build_parser().parse_intermixed_args(argv)
+    if args.threads is not None:        # checked with the rest, before any study or data exists
+        check_int(args.threads, "--threads", 1, what=" (torch threads for this worker)")
     overrides = list(args.overrides)
     for flag, key in (("study_name", "study_name"), ("n_trials", "n_trials"), ("storage", "storage"),
                       ("tracking_uri", "tracking_uri"), ("timeout", "timeout_min"), ("target", "target"),
@@ -88,7 +93,7 @@ def main(argv=None) -> int:
     try:
         import torch
 
-        if args.threads:
+        if args.threads is not None:
             torch.set_num_threads(args.threads)
         _quiet()
         from .runner import prepare, run_worker

@@ -3,6 +3,7 @@ data or run exists, and `trial_config`: the TrainConfig of one trial."""
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -35,7 +36,7 @@ class SweepConfig:
     # study-wide goal: every worker stops once the study holds this many finished (complete or pruned)
     # trials, so a re-run after a kill, or several workers, continue to this count instead of adding n_trials
     total_trials: int | None = None
-    timeout_min: float | None = None
+    timeout_min: float | None = None       # stop starting new trials after this many minutes; None: no limit
     storage: str | None = None             # None: sqlite under out_dir; postgresql://... for many workers
     # the runs folder: `runs/...` paths of the recipe (training data), the default MLflow store
     # (<runs_dir>/mlflow.db and mlartifacts/); None: <repository>/runs. --runs-dir sets it and out_dir.
@@ -83,6 +84,7 @@ def load_sweep(path: str | Path | None = DEFAULT_SWEEP, overrides: list[str] = (
         raise UserError("n_trials must be >= 1")
     if cfg.total_trials is not None and cfg.total_trials < 1:
         raise UserError("total_trials must be >= 1 (or left out)")
+    check_timeout(cfg.timeout_min)
     c = cfg.confirm
     if not (_whole(c.seeds) and c.seeds >= 0 and _whole(c.top) and c.top >= 1
             and (c.prompts is None or (_whole(c.prompts) and c.prompts >= 2))):
@@ -102,6 +104,14 @@ def load_sweep(path: str | Path | None = DEFAULT_SWEEP, overrides: list[str] = (
         raise UserError(f"objectives must be [tau] or τ against one draft cost, [tau, draft_ms] or [tau, draft_cost] "
                         f"(draft step ÷ plain step, measured in turn: steadier across trials); got {cfg.objectives}")
     return cfg
+
+
+def check_timeout(minutes: float | None) -> None:
+    """No limit is written as leaving timeout_min out (null); 0 or a negative time would stop the worker before
+    its first trial, or, read as false, silently mean no limit."""
+    if minutes is not None and not (math.isfinite(minutes) and minutes > 0):
+        raise UserError(f"timeout_min (--timeout) must be a number of minutes > 0, got {minutes!r}; leave it out "
+                        "for no limit")
 
 
 def _whole(v) -> bool:

@@ -154,8 +154,9 @@ class TrainConfig:
     experiment: str = "domino-lab"
     run_name: str | None = None
     tracking_uri: str | None = None        # None: sqlite:///<repository>/runs/mlflow.db
-    accelerator: str = "auto"
-    devices: int | str = 1
+    # accelerator, devices and strategy go to Lightning's Trainer; training/devices.py checks them on this machine
+    accelerator: str = "auto"              # auto, cpu, gpu, cuda, mps
+    devices: int | str = 1                 # a count, "auto", -1 (every GPU) or GPU ids "0,1"
     num_nodes: int = 1
     strategy: str = "auto"                 # ddp, fsdp, ...
     precision: str | None = None           # None: bf16-mixed on GPU, 32-true on CPU
@@ -183,6 +184,9 @@ class TrainConfig:
         check_int(self.checkpoint_every_n_steps, "checkpoint_every_n_steps", 1)
         check_int(self.log_every_n_steps, "log_every_n_steps", 1)
         check_int(self.num_nodes, "num_nodes", 1)
+        from .devices import check_trainer_flags
+
+        check_trainer_flags(self.accelerator, self.devices, self.strategy)
         if self.threads is not None:
             check_int(self.threads, "threads", 1)
         if self.precision is not None and str(self.precision) not in PRECISIONS:

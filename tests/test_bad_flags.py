@@ -1,0 +1,184 @@
+"""Bad command-line values of train, sweep, experiments and the dashboard: one UserError naming the value, raised
+before any folder, database or server exists."""
+import shutil
+import socket
+from pathlib import Path
+
+import pytest
+import torch
+
+from domino_lab.errors import UserError
+
+ROOT = Path(__file__).resolve().parent.parent
+SHIPPED_DRAFTER = ROOT / "domino_lab" / "assets" / "drafter-domino-copy"
+
+
+def _nothing_in(folder: Path) -> bool:
+    return not folder.exists() or not any(folder.iterdir())
+
+
+# ---------------------------------------------------------------------------------------------- train
+@pytest.fixture
+def no_gpu(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
+
+
+@pytest.mark.parametrize("flags, match", [
+    (["accelerator=gpu"], "accelerator=gpu: no GPU is available"),
+    (["--accelerator", "cuda"], "accelerator=cuda: no GPU is available"),
+    (["--accelerator", "tpu"], "accelerator must be one of"),
+    (["--strategy", "bogus"], "strategy must be 'auto' or a strategy Lightning knows"),
+    (["--strategy", "fsdp"], "strategy=fsdp needs CUDA GPUs"),
+    (["--strategy", "xla"], "runs on TPUs"),
+    (["--devices", "abc"], "devices must be a number of devices"),
+    (["--devices", "0"], "devices must be a number of devices"),
+    (["--devices", "-2"], "devices must be a number of devices"),
+    (["--devices", "0,1"], "names GPUs, but training runs on the CPU"),
+    (["--devices", "-1"], "names GPUs, but training runs on the CPU"),
+])
+def test_train_rejects_bad_trainer_flags_before_creating_anything(tmp_path, no_gpu, flags, match):
+    from domino_lab.train import main
+
+    work = tmp_path / "x"
+    argv = ["--config", "experiments/configs/domino.yaml", "data.path=runs/regenerated/sweep-default",
+            f"tracking_uri=sqlite:///{work}/ml.db", f"out_dir={work}/tr", "max_steps=1", *flags]
+    with pytest.raises(UserError, match=match):
+        main(argv)
+    assert not work.exists()
+
+
+def test_trainer_flags_lightning_takes_pass(no_gpu):
+    from domino_lab.training.config import TrainConfig
+
+    for kw in ({"accelerator": "cpu", "devices": 2, "strategy": "ddp"}, {"devices": "auto"},
+               {"devices": "1", "strategy": "DDP_SPAWN"}, {"accelerator": "auto", "strategy": "auto"}):
+        TrainConfig(**kw)
+
+
+def test_gpu_devices_are_checked_against_the_gpus_there(monkeypatch):
+    from domino_lab.training.devices import check_devices
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    check_devices("0,1", "cuda", "gpu")
+    check_devices(-1, "cuda", "gpu")
+    with pytest.raises(UserError, match="has 2 GPU"):
+        check_devices("1,2", "cuda", "gpu")
+    with pytest.raises(UserError, match="give at most 2"):
+        check_devices(3, "cuda", "gpu")
+
+
+# ---------------------------------------------------------------------------------------------- sweep
+@pytest.mark.parametrize("flags, match", [
+    (["--threads", "-1"], "--threads must be a whole number >= 1"),
+    (["--threads", "0"], "--threads must be a whole number >= 1"),
+    (["--timeout", "-5"], r"timeout_min \(--timeout\) must be a number of minutes > 0.*leave it out for no limit"),
+    (["--timeout", "0"], r"timeout_min \(--timeout\) must be a number of minutes > 0"),
+    (["timeout_min=0"], r"timeout_min \(--timeout\) must be a number of minutes > 0"),
+])
+def test_sweep_rejects_bad_threads_and_timeout(tmp_path, flags, match):
+    from domino_lab.sweep.__main__ import main
+
+    runs = tmp_path / "x"
+    with pytest.raises(UserError, match=match):
+        main(["--runs-dir", str(runs), "--prepare-only", *flags])
+    assert not runs.exists()
+
+
+# ---------------------------------------------------------------------------------------------- experiments
+@pytest.mark.parametrize("flags, match", [
+    (["max_steps=abc", "--quick"], "max_steps: expected int, got 'abc'"),
+    (["data.batch_size=-4", "--quick"], "data.batch_size must be a whole number >= 1"),
+    (["--quick", "--threads", "-1"], "--threads must be a whole number >= 1"),
+    (["--quick", "--threads", "0"], "--threads must be a whole number >= 1"),
+    (["--quick", "data.path=/nonexistent/data"], "--quick with data.path: /nonexistent/data does not exist"),
+    (["target=/nonexistent/model"], "target '/nonexistent/model' is not a model directory"),
+])
+def test_experiments_reject_bad_values_before_training(tmp_path, flags, match):
+    from domino_lab.experiments.__main__ import main
+
+    runs, out = tmp_path / "runs", tmp_path / "out"
+    with pytest.raises(UserError, match=match):
+        main(["run", "block_size", "--runs-dir", str(runs), "--out-dir", str(out), *flags])
+    assert _nothing_in(runs) and not out.exists()
+
+
+def test_experiments_overrides_may_follow_options_and_win_over_quick(tmp_path):
+    from domino_lab.experiments.__main__ import parse_args
+    from domino_lab.experiments.spec import load_spec
+    from domino_lab.experiments.training import resolve_runs
+
+    args = parse_args(["run", "block_size", "--runs-dir", str(tmp_path), "target=default", "--quick",
+                       "max_steps=2"])
+    assert args.cmd == "run" and args.name == "block_size" and args.quick
+    assert args.overrides == ["target=default", "max_steps=2"]
+    resolved = resolve_runs(load_spec("block_size"), tmp_path, True, extra=args.overrides)
+    assert {cfg.max_steps for _, _, cfg, _ in resolved} == {2}                 # the user's value, not --quick's 4
+    assert {cfg.data.batch_size for _, _, cfg, _ in resolved} == {2}           # --quick fills in the rest
+    assert _nothing_in(tmp_path)
+
+
+def test_experiments_out_dir_is_checked_without_creating_it(tmp_path):
+    from domino_lab.experiments.__main__ import check_writable
+
+    (tmp_path / "a-file").write_text("x")
+    with pytest.raises(UserError, match="is not a writable folder"):
+        check_writable(tmp_path / "a-file" / "results")
+    check_writable(tmp_path / "new" / "results")
+    assert not (tmp_path / "new").exists()
+
+
+# ---------------------------------------------------------------------------------------------- dashboard
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _validate(*flags):
+    from app.main import parse_args, validate_args
+
+    return validate_args(parse_args(["--port", str(_free_port()), *flags]))
+
+
+@pytest.fixture
+def truncated_drafter(tmp_path):
+    d = tmp_path / "drafter"
+    shutil.copytree(SHIPPED_DRAFTER, d)
+    weights = d / "model.safetensors"
+    with open(weights, "r+b") as f:
+        f.truncate(weights.stat().st_size // 2)
+    return d
+
+
+def test_app_port_in_use_is_one_error():
+    from app.main import parse_args, validate_args
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        with pytest.raises(UserError, match=f"--port {port} is already in use"):
+            validate_args(parse_args(["--port", str(port)]))
+
+
+@pytest.mark.parametrize("flags, match", [
+    (["--host", "999.1.1.1"], "--host 999.1.1.1 is not an address or a host name"),
+    (["--target", "/nonexistent"], "target '/nonexistent' is not a model directory"),
+    (["--tracking-uri", "bogus://x"], "MLflow has no store for 'bogus'"),
+    (["--max-queue", "-1"], "--max-queue must be a whole number >= 1"),
+    (["--max-queue", "0"], "--max-queue must be a whole number >= 1"),
+    (["--concurrency", "0"], "--concurrency must be a whole number >= 1"),
+])
+def test_app_rejects_bad_launch_arguments(flags, match):
+    with pytest.raises(UserError, match=match):
+        _validate(*flags)
+
+
+def test_app_rejects_a_truncated_drafter(truncated_drafter):
+    with pytest.raises(UserError, match=f"--drafter {truncated_drafter}: drafter weights .* are cut off"):
+        _validate("--drafter", str(truncated_drafter))
+
+
+def test_app_accepts_good_launch_arguments():
+    assert _validate("--drafter", str(SHIPPED_DRAFTER), "--max-queue", "1") == {}
