@@ -409,11 +409,16 @@ def with_options(options, text: str, item: str):
         k, sep, v = pair.partition("=")
         if not sep or k.strip() not in names:
             raise UserError(f"--drafter {item!r}: '{pair}' must be key=value with key one of {names}")
-        kw[k.strip()] = yaml.safe_load(v)
-    try:
-        return replace(options, **kw)
-    except TypeError as e:                       # e.g. draft_cutoff=abc: a string where a number belongs
-        raise UserError(f"--drafter {item!r}: a value has the wrong type ({e})") from None
+        key, value = k.strip(), yaml.safe_load(v)
+        # the type of the default (an optional field, block_size, is a count): draft_cutoff=abc fails here by name
+        want = type(getattr(options, key)) if getattr(options, key) is not None else int
+        if want is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if not isinstance(value, want) or (want is not bool and isinstance(value, bool)):
+            raise UserError(f"--drafter {item!r}: {key} must be {'an' if want is int else 'a'} {want.__name__}, "
+                            f"got {v.strip()!r}")
+        kw[key] = value
+    return replace(options, **kw)
 
 
 PROJECT_KEYS = ("step_ms", "draft_8_ms", "verify_8_ms")

@@ -51,6 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     from .sampling import check_sampling
     from .decoding.tree import check_tree_nodes
     from .models import InferenceOptions, load_drafter
+    from .models.options import check_tree_flags
     from .target import use_decode_threads
     from .validation import check_device, check_number, check_seed
 
@@ -62,6 +63,9 @@ def main(argv: list[str] | None = None) -> int:
     check_number(args.temperature, "--temperature", low=0)
     check_number(args.top_p, "--top-p", low=0, high=1, low_open=True)
     check_tree_nodes(args.tree_nodes, "--tree-nodes")
+    if args.steps and not args.json:
+        raise UserError("--steps adds the per-step records to the JSON output: add --json")
+    check_tree_flags(args, args.tree_nodes)
     torch.manual_seed(args.seed)
     from .data.eval_sets import check_prompt_text, load_eval_set
 

@@ -109,6 +109,12 @@ def check_batched(drafter, tree_nodes: int, temperature: float, sampler: str, bl
                         "step itself: drop --draft-cutoff or --batched")
     if steps:
         raise UserError("batched inference keeps no per-step records: pass steps=False")
+    one_sequence = [flag for flag, on in (("--adaptive-drafts", opts and opts.adaptive_drafts),
+                                          ("--tree-min-prob", opts and opts.tree_min_prob),
+                                          ("--tree-sampled", opts and opts.tree_sampled)) if on]
+    if one_sequence:
+        raise UserError(f"{one_sequence[0]} is a one-sequence option that batched inference does not use (it "
+                        "chooses each step's draft count itself and verifies chains): drop it or --batched")
 
 
 def _collate(rows: list[dict]) -> list[dict]:
@@ -253,7 +259,7 @@ def main(argv=None) -> int:
     add_threads_arg(p)
     p.add_argument("--tree-nodes", type=int, default=0, metavar="N",
                    help="verify a draft tree of N nodes per step (block drafters, any temperature; 0 = chain)")
-    from .models.options import add_inference_args
+    from .models.options import add_inference_args, check_tree_flags
     add_inference_args(p, block_size=True)
     args = p.parse_args(argv)
     from .data.eval_sets import load_eval_set
@@ -268,6 +274,7 @@ def main(argv=None) -> int:
     check_tree_nodes(args.tree_nodes, "--tree-nodes")
     check_batching(args.batch_size, args.batched, args.slots)
     check_out_file(args.out)             # rank files go beside it, so this covers them too
+    check_tree_flags(args, args.tree_nodes)
     trainer = make_trainer(args.accelerator, parse_devices(args.devices), args.strategy, args.precision)
     rows = load_eval_set(args.prompts, limit=args.limit)
     from .target import Target, use_decode_threads

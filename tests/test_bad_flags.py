@@ -182,3 +182,40 @@ def test_app_rejects_a_truncated_drafter(truncated_drafter):
 
 def test_app_accepts_good_launch_arguments():
     assert _validate("--drafter", str(SHIPPED_DRAFTER), "--max-queue", "1") == {}
+
+
+# ---------------------------------------------------------------------------------------------- flags that would be ignored
+@pytest.mark.parametrize("flags, match", [
+    (["--tree-sampled", "--temperature", "1"], "--tree-sampled shapes a draft tree.*add --tree-nodes"),
+    (["--tree-min-prob", "0.1"], "--tree-min-prob shapes a draft tree"),
+    (["--steps"], "--steps adds the per-step records to the JSON output: add --json"),
+])
+def test_generate_refuses_flags_it_would_ignore(flags, match, monkeypatch):
+    from domino_lab import generate
+
+    # refused before any model loads
+    monkeypatch.setattr("domino_lab.Target.from_pretrained", lambda *a, **k: pytest.fail("loaded a target"))
+    with pytest.raises(UserError, match=match):
+        generate.main(["--prompt", "def f(x):", "--max-new-tokens", "4", *flags])
+
+
+def test_batched_inference_refuses_one_sequence_options(tmp_path):
+    from domino_lab.inference import main
+
+    for flag in (["--adaptive-drafts"], ["--tree-sampled"]):
+        with pytest.raises(UserError, match="one-sequence option|shapes a draft tree"):
+            main(["--prompts", "math", "--limit", "1", "--max-new-tokens", "4", "--batched", *flag,
+                  "--out", str(tmp_path / "o.jsonl")])
+    assert not (tmp_path / "o.jsonl").exists()
+
+
+def test_bench_drafter_options_name_the_key_of_the_wrong_type():
+    from domino_lab.bench import with_options
+    from domino_lab.models import InferenceOptions
+
+    for text, match in (("block_size=abc", "block_size must be an int, got 'abc'"),
+                        ("draft_cutoff=abc", "draft_cutoff must be a float"),
+                        ("full_vocab=3", "full_vocab must be a bool"), ("lookup=true", "lookup must be an int")):
+        with pytest.raises(UserError, match=match):
+            with_options(InferenceOptions(), text, "x=default@" + text)
+    assert with_options(InferenceOptions(), "draft_cutoff=0,block_size=4", "x").draft_cutoff == 0.0

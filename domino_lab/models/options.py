@@ -86,6 +86,19 @@ class InferenceOptions:
         return cls(**{k: v for k, v in kw.items() if v is not None})
 
 
+TREE_FLAGS = ("tree_min_prob", "tree_sampled")
+
+
+def check_tree_flags(args, tree_nodes: int) -> None:
+    """A tree flag without a tree would be ignored without a word: one error instead, so that a run does what its
+    command line says. (Drafter flags with `--drafter none` are let through: a comparison script passes the same
+    flags to plain decoding as to each drafter.)"""
+    given = [k for k in TREE_FLAGS if getattr(args, k, None) is not None]
+    if given and not tree_nodes:
+        raise UserError(f"--{given[0].replace('_', '-')} shapes a draft tree, and this run verifies chains: add "
+                        "--tree-nodes N (N > 0) or drop the flag")
+
+
 def add_inference_args(p, block_size: bool = False) -> None:
     """--head-impl / --candidate-pool (and --block-size) for every CLI that runs a drafter."""
     p.add_argument("--head-impl", default=None, choices=HEAD_IMPLS,
