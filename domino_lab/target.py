@@ -154,6 +154,23 @@ def add_threads_arg(p) -> None:
                         "docs/design.md#threads-for-small-targets)")
 
 
+def hub_reachable() -> bool:
+    """Whether the Hugging Face hub's host name resolves (HF_ENDPOINT, or huggingface.co; HF_HUB_OFFLINE=1 counts
+    as no): a machine without network fails here at once, where a download would retry for half a minute."""
+    import os
+    import socket
+    from urllib.parse import urlparse
+
+    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
+        return False
+    host = urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co").hostname
+    try:
+        socket.getaddrinfo(host, 443)
+    except (OSError, UnicodeError):
+        return False
+    return True
+
+
 def _first_line(e: Exception) -> str:
     return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
 
@@ -235,15 +252,21 @@ class Target:
             hf_logging.disable_progress_bar()
         from safetensors import SafetensorError
 
+        # a hub id on a machine that cannot reach the hub: only the local cache can have it, and asking the hub
+        # would cost ~25 s of retries (and a screen of their warnings) before the same error
+        offline = {} if Path(source).exists() or hub_reachable() else {"local_files_only": True}
         try:
-            model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, trust_remote_code=trust_remote_code)
-            tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
+            model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, trust_remote_code=trust_remote_code,
+                                                         **offline)
+            tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code, **offline)
         except SafetensorError as e:
             raise UserError(f"cannot load target '{name_or_path}': its weights in {source} are not a readable "
                             f"safetensors file, corrupted or cut off ({_first_line(e)}); download or copy the "
                             "model again") from None
         except (OSError, ValueError) as e:
-            raise UserError(f"cannot load target '{name_or_path}': {_first_line(e)}; pass a Hugging Face model id "
+            why = ("the Hugging Face hub cannot be reached from this machine and the model is not in the local "
+                   "cache" if offline and "cached files" in str(e) else _first_line(e))
+            raise UserError(f"cannot load target '{name_or_path}': {why}; pass a Hugging Face model id "
                             "(needs network or a local HF cache), a local model directory, or 'default'") from None
         model.to(device)
         n_layers = model.config.num_hidden_layers

@@ -172,3 +172,35 @@ def test_regenerate_refuses_prompts_that_are_not_text_before_creating_anything(t
 def test_encoding_a_prompt_that_is_not_text(target):
     with pytest.raises(UserError, match=r"the prompt is not valid UTF-8 text"):
         target.encode("a\udcff")
+
+
+def test_a_hub_id_without_network_fails_at_once(monkeypatch):
+    """No route to the hub: the cache alone is asked (no half-minute of retries), and the error says why."""
+    import socket
+
+    from domino_lab import target as target_mod
+
+    def no_dns(*a, **k):
+        raise socket.gaierror(-2, "Name or service not known")
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(socket, "getaddrinfo", no_dns)
+    assert not target_mod.hub_reachable()
+    import transformers
+
+    asked = []
+    real = transformers.AutoModelForCausalLM.from_pretrained
+
+    def spy(*a, **k):
+        asked.append(k.get("local_files_only"))
+        return real(*a, **k)
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", spy)
+    with pytest.raises(UserError, match="'nosuch/model': the Hugging Face hub cannot be reached from this machine "
+                                        "and the model is not in the local cache"):
+        target_mod.Target.from_pretrained("nosuch/model")
+    assert asked == [True]
+    monkeypatch.setattr(socket, "getaddrinfo", lambda *a, **k: [])
+    assert target_mod.hub_reachable()
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert not target_mod.hub_reachable()
