@@ -86,9 +86,8 @@ def test_decoding_past_the_window_equals_hugging_face_greedy(setup):
     assert accepted > 50                     # drafts were accepted, so caches were cut back past rejected ones
 
 
-def test_a_chain_keeps_only_the_window(setup, monkeypatch):
-    # a chain's sliding layers hold the window (and the last verify's tokens), not the whole context; a tree's hold
-    # every position (its mask counts them)
+def test_a_decode_keeps_only_the_window(setup, monkeypatch):
+    # a chain's and a tree's sliding layers hold the window (and the last verify's tokens), not the whole context
     target, d, prompts = setup
     made = []
 
@@ -103,11 +102,8 @@ def test_a_chain_keeps_only_the_window(setup, monkeypatch):
         sliding = [layer for layer in made[-2].layers if layer.is_sliding]
         total = len(prompts[3]) + len(res.token_ids) - 1        # (the last token is never fed back)
         assert made[-2].get_seq_length() == total > 3 * WINDOW
-        if nodes:
-            assert not sliding
-        else:
-            assert sliding and all(type(layer) is WindowLayer for layer in sliding)
-            assert all(layer.offset > 0 and layer.keys.shape[-2] <= WINDOW + 8 for layer in sliding)
+        assert sliding and all(type(layer) is WindowLayer for layer in sliding)
+        assert all(layer.offset > 0 and layer.keys.shape[-2] <= WINDOW + 8 for layer in sliding)
         assert all(type(layer) is GrowingLayer for layer in made[-2].layers if not layer.is_sliding)
 
 

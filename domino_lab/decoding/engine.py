@@ -17,7 +17,7 @@ from ..validation import check_seed, check_token_ids
 from .records import GenerationResult, StepRecord
 from . import tree as trees
 from .adaptive import PlainFallback
-from .kv_cache import check_layers, layer_masks, new_cache, record_past, window_layout
+from .kv_cache import check_layers, layer_masks, new_cache, record_past, window_layout, window_offset
 from .lookup import copy_index, copy_inputs, draft_lookup
 from .. import sampling
 
@@ -115,8 +115,8 @@ def speculative_generate(target, drafter=None, prompt: str | None = None, prompt
     # the most the caches hold: the prompt, the new tokens and one verify's drafts (the drafter's cache: its
     # context and a block); a buffer of that size is allocated once (docs/design.md#kv-cache)
     capacity = len(ids) + max_new_tokens + max(n_drafts, tree_nodes) + 1
-    # (a chain's sliding-window layers keep only their window; a tree's mask needs every position: layer_masks)
-    cache = new_cache(target.model.config, capacity=capacity, bounded_windows=not tree_nodes)
+    # (sliding-window layers keep only their window: kv_cache.WindowLayer)
+    cache = new_cache(target.model.config, capacity=capacity, bounded_windows=True)
     if drafter is not None and not tree_nodes:                  # (trees: check_tree_mode)
         check_layers(target.model.config, "speculative decoding", chain=True, cache=cache)
     out = target.forward(torch.tensor([ids], device=dev), cache=cache, taps=taps, last_logits_only=True,
@@ -313,7 +313,8 @@ def _tree_step(target, drafter, cache, draft_cache, pending, pending_start, anch
     pos = trees.positions(tree, start, dev)
     mask = trees.attention_mask(tree, start, target.dtype, dev)
     if window_layout(target.model.config) is not None:      # windows go into the tree's mask too (its keys' positions)
-        mask = layer_masks(target.model.config, mask, pos, torch.cat([torch.arange(start, device=dev)[None], pos], 1))
+        mask = layer_masks(target.model.config, mask, pos, torch.cat([torch.arange(start, device=dev)[None], pos], 1),
+                           dropped=window_offset(cache))
     out = target.forward(verify_ids, cache=cache, taps=taps, attention_mask=mask, position_ids=pos, logits_rows=[])
     hidden = out.hidden[0]
     rows_logits: dict[int, torch.Tensor] = {}     # kept for the step record's top-k only

@@ -15,9 +15,9 @@ prefix view of the buffer with room left, and otherwise copies the current conte
 A sliding-window layer (Mistral-style windows, Gemma's alternating local layers) is replaced too: Hugging Face's
 keeps only its last positions and refuses to be cropped past them, and speculative decoding crops every step. A
 batch-1 chain gets a `WindowLayer`, which keeps the window plus the latest forward's tokens, so any of them can be
-cut back, and tells Hugging Face's mask where its columns start. Trees and batches get a full layer, which keeps
-every position: their own masks hide the ones outside the window, counted in token positions (`layer_masks`;
-docs/design.md#sliding-window-targets). Other special layers (linear
+cut back, and tells Hugging Face's mask where its columns start; a tree's own mask leaves out the columns it
+dropped (`layer_masks`). Batches get a full layer, which keeps every position: their own masks hide the ones outside
+the window, counted in token positions (docs/design.md#sliding-window-targets). Other special layers (linear
 attention and other per-token state) stay as Hugging Face builds them: a batch-1 chain has them record their
 recent states (`record_past`) so that a rejected draft can be undone, and `check_layers` refuses them where a
 decoder would cut them back further or move their rows.
@@ -196,7 +196,7 @@ def new_cache(config=None, capacity: int | None = None, bounded_windows: bool = 
     `DynamicCache()` does), the plain ones growing in place unless `kind("dynamic")` is in effect; `capacity`, the
     positions the decode expects to hold (a hint: a buffer allocated at that size, grown past it if needed).
     Sliding-window layers become full layers, whose window is in the attention mask (module docstring), or with
-    `bounded_windows` (a batch-1 chain, which only cuts back its last forward's tokens) `WindowLayer`s."""
+    `bounded_windows` (batch-1 decoding, which only cuts back its last forward's tokens) `WindowLayer`s."""
     cache = DynamicCache(config=config) if config is not None else DynamicCache()
     plain = partial(GrowingLayer, capacity) if _kind == "growing" else DynamicLayer
     if config is None:
@@ -236,19 +236,25 @@ def window_layout(config) -> str | None:
     return "mixed" if types <= {"full_attention", "sliding_attention"} else "other"
 
 
-def layer_masks(config, mask: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor):
+def layer_masks(config, mask: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor, dropped: int = 0):
     """What to pass a target's forward as its attention mask, given `mask` (additive, [b, 1, q, k]: causality, holes,
     a tree's ancestry) and the token positions of its queries [b, q] and keys [b, k]: `mask` itself without sliding
     windows; with them, the same mask also hiding keys a window or more behind the query, for every layer ("all")
-    or, as a dict by layer type that such models take in place of building their own masks, for the sliding ones."""
+    or, as a dict by layer type that such models take in place of building their own masks, for the sliding ones.
+    `dropped`: the leading key columns the sliding layers no longer hold (`WindowLayer.offset`), cut from their mask."""
     layout = window_layout(config)
     if layout is None:
         return mask
     if layout == "other":
         check_layers(config, "an attention mask built by domino-lab")          # (raises: callers check up front)
     far = (q_pos[:, :, None] - k_pos[:, None, :] >= config.sliding_window)[:, None]
-    windowed = mask.masked_fill(far, torch.finfo(mask.dtype).min)
+    windowed = mask.masked_fill(far, torch.finfo(mask.dtype).min)[..., dropped:]
     return windowed if layout == "all" else {"full_attention": mask, "sliding_attention": windowed}
+
+
+def window_offset(cache: DynamicCache) -> int:
+    """How many leading positions the cache's window layers have dropped (the same for each), 0 without any."""
+    return next((layer.offset for layer in cache.layers if type(layer) is WindowLayer), 0)
 
 
 def check_layers(config, what: str, chain: bool = False, cache: DynamicCache | None = None) -> None:

@@ -273,20 +273,25 @@ def compact_cache(cache, prefix: int, rows: list[int]) -> None:
     running the accepted drafts through the target again, costs a whole forward."""
     from transformers.cache_utils import DynamicLayer
 
-    from .kv_cache import GrowingLayer
+    from .kv_cache import GrowingLayer, WindowLayer
 
     keep = len(rows)
     contiguous = rows == list(range(keep))
     for layer in cache.layers:
         # per-token state (linear attention): gathering rows is not enough (callers refuse such targets up front)
-        if type(layer) not in (DynamicLayer, GrowingLayer):
+        if type(layer) not in (DynamicLayer, GrowingLayer, WindowLayer):
             raise UserError("tree verification needs a target whose cache layers are plain (no linear attention or "
                             "other per-token state); decode this target without a drafter")
         if not layer.is_initialized:
             continue
+        # a window layer holds the positions from its offset on: the prefix is shorter there by as many columns
+        first = prefix - layer.offset if type(layer) is WindowLayer else prefix
         if not contiguous:
-            idx = torch.tensor(rows, device=layer.keys.device) + prefix
-            layer.keys[..., prefix: prefix + keep, :] = layer.keys[..., idx, :]
-            layer.values[..., prefix: prefix + keep, :] = layer.values[..., idx, :]
-        layer.keys = layer.keys[..., : prefix + keep, :]
-        layer.values = layer.values[..., : prefix + keep, :]
+            idx = torch.tensor(rows, device=layer.keys.device) + first
+            layer.keys[..., first: first + keep, :] = layer.keys[..., idx, :]
+            layer.values[..., first: first + keep, :] = layer.values[..., idx, :]
+        if type(layer) is WindowLayer:
+            layer.crop(first + keep - layer.keys.shape[-2])     # (its crop keeps its own bookkeeping)
+        else:
+            layer.keys = layer.keys[..., : first + keep, :]
+            layer.values = layer.values[..., : first + keep, :]
