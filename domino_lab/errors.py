@@ -46,10 +46,10 @@ def _check_creatable(folder: Path, shown: Path, flag: str) -> None:
 
     The nearest existing ancestor must be a folder, and a throwaway folder is made and removed in it: permission
     bits alone do not tell (root passes os.access everywhere, and /proc or a read-only mount refuse anyway)."""
-    folder = folder.expanduser().absolute()
+    folder = folder.absolute()      # (no ~ expansion: the writers do not expand it either)
     base = next((p for p in (folder, *folder.parents) if os.path.lexists(p)), Path(folder.anchor))
     if not base.is_dir():
-        where = "is a file" if base == shown.expanduser().absolute() else f"goes through {base}, which is a file"
+        where = "is a file" if base == shown.absolute() else f"goes through {base}, which is a file"
         raise UserError(f"{flag} {shown} {where}, not a folder; choose another {flag}")
     try:
         os.rmdir(tempfile.mkdtemp(prefix=".write-check-", dir=base))

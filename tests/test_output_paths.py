@@ -288,3 +288,13 @@ def test_experiment_scripts_refuse_an_unwritable_out(name, args, out, no_models)
 def test_batch_drafts_needs_a_drafter(no_models):
     with pytest.raises(UserError, match="--drafter none: .*name a drafter"):
         experiment_script("batch_drafts").main(["--drafter", "none"])
+
+
+def test_a_quoted_tilde_is_checked_where_it_is_written(tmp_path, monkeypatch):
+    # a shell leaves a quoted ~ alone and the writers do not expand it: the check looks at ./~ as they will
+    from domino_lab.errors import check_out_dir
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "~").write_text("a file named ~")
+    with pytest.raises(UserError, match="goes through"):
+        check_out_dir("~/results")
