@@ -275,6 +275,9 @@ def main(argv=None) -> int:
     check_batching(args.batch_size, args.batched, args.slots)
     check_out_file(args.out)             # rank files go beside it, so this covers them too
     check_tree_flags(args, args.tree_nodes)
+    from .training.devices import check_not_spawned
+
+    check_not_spawned(args.strategy)
     trainer = make_trainer(args.accelerator, parse_devices(args.devices), args.strategy, args.precision)
     rows = load_eval_set(args.prompts, limit=args.limit)
     from .target import Target, use_decode_threads

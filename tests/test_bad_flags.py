@@ -52,7 +52,7 @@ def test_trainer_flags_lightning_takes_pass(no_gpu):
     from domino_lab.training.config import TrainConfig
 
     for kw in ({"accelerator": "cpu", "devices": 2, "strategy": "ddp"}, {"devices": "auto"},
-               {"devices": "1", "strategy": "DDP_SPAWN"}, {"accelerator": "auto", "strategy": "auto"}):
+               {"devices": "1", "strategy": "DDP"}, {"accelerator": "auto", "strategy": "auto"}):
         TrainConfig(**kw)
 
 
@@ -219,3 +219,16 @@ def test_bench_drafter_options_name_the_key_of_the_wrong_type():
         with pytest.raises(UserError, match=match):
             with_options(InferenceOptions(), text, "x=default@" + text)
     assert with_options(InferenceOptions(), "draft_cutoff=0,block_size=4", "x").draft_cutoff == 0.0
+
+
+def test_spawned_strategies_are_refused():
+    # spawned processes get a pickled target whose forward returns no hidden states (a crash mid-run otherwise)
+    from domino_lab.inference import main
+    from domino_lab.training.devices import check_strategy
+
+    for name in ("ddp_spawn", "ddp_notebook"):
+        with pytest.raises(UserError, match="starts processes by spawning"):
+            check_strategy(name, "cpu")
+        with pytest.raises(UserError, match=f"--strategy {name} starts processes by spawning"):
+            main(["--prompts", "math", "--limit", "1", "--strategy", name, "--out", "/tmp/never-written.jsonl"])
+    check_strategy("ddp", "cpu")

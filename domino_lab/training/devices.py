@@ -95,6 +95,7 @@ def check_strategy(strategy, kind: str) -> None:
         raise UserError(f"strategy must be 'auto' or a strategy Lightning knows ({', '.join(known)}), "
                         f"got {strategy!r}")
     name = strategy.lower()
+    check_not_spawned(name, "strategy=")
     if "xla" in name or "tpu" in name:
         raise UserError(f"strategy={name} runs on TPUs, which this project does not train on; use auto, ddp or fsdp")
     if name.startswith("fsdp") and kind != "cuda":
@@ -108,3 +109,12 @@ def check_strategy(strategy, kind: str) -> None:
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise UserError(f"strategy={name} cannot be used here ({first}); install what it needs or choose another "
                         "strategy (auto, ddp)") from None
+
+
+def check_not_spawned(strategy, prefix: str = "--strategy ") -> None:
+    """Strategies that start their processes by spawning (ddp_spawn, ddp_notebook...) hand each one a pickled copy
+    of the target, whose forward then returns no hidden states (`output_hidden_states` comes back None there), so
+    the drafter gets no features: one error instead of that crash."""
+    if isinstance(strategy, str) and ("spawn" in strategy.lower() or "notebook" in strategy.lower()):
+        raise UserError(f"{prefix}{strategy} starts processes by spawning, where the target's hidden states come "
+                        "back empty; use ddp (started by the launcher or torchrun) or auto")
