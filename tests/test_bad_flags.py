@@ -232,3 +232,14 @@ def test_spawned_strategies_are_refused():
         with pytest.raises(UserError, match=f"--strategy {name} starts processes by spawning"):
             main(["--prompts", "math", "--limit", "1", "--strategy", name, "--out", "/tmp/never-written.jsonl"])
     check_strategy("ddp", "cpu")
+
+
+def test_untrained_specs_take_lists_and_exponents():
+    from domino_lab import Target
+    from domino_lab.models import load_drafter
+
+    target = Target.from_pretrained("default")
+    d = load_drafter("untrained:domino:target_layer_ids=[1,3],block_size=4,rms_norm_eps=1e-5", target)
+    assert (d.config.target_layer_ids, d.config.block_size, d.config.rms_norm_eps) == ([1, 3], 4, 1e-5)
+    with pytest.raises(UserError, match=r"the value of target_layer_ids \('\[1'\) is not a number, word or \[list\]"):
+        load_drafter("untrained:domino:target_layer_ids=[1", target)

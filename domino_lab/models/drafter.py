@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from abc import ABCMeta, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
@@ -354,12 +355,23 @@ def _resolve_drafter(spec: str, target, seed: int) -> Drafter:
 
         _, method, *rest = spec.split(":", 2)
         overrides = {}
-        for item in filter(None, (rest[0] if rest else "").split(",")):
+        # commas separate the pairs, except inside a list value (target_layer_ids=[1,3])
+        for item in filter(None, re.split(r",(?![^\[\]]*\])", rest[0] if rest else "")):
             if "=" not in item:
                 raise UserError(f"drafter '{spec}': '{item}' must look like key=value "
                                 "(e.g. untrained:domino:block_size=16)")
             k, v = item.split("=", 1)
-            overrides[k.strip()] = yaml.safe_load(v)
+            try:
+                value = yaml.safe_load(v)
+            except yaml.YAMLError:
+                raise UserError(f"drafter '{spec}': the value of {k.strip()} ({v!r}) is not a number, word or "
+                                "[list]") from None
+            if isinstance(value, str):          # YAML reads 1e-5 (no dot) as a string
+                try:
+                    value = float(value)
+                except ValueError:
+                    pass
+            overrides[k.strip()] = value
         return Drafter.untrained(target, method, seed=seed, **overrides)
     if spec in SHIPPED_DRAFTERS and not (SHIPPED_DRAFTERS[spec] / "config.json").exists():
         raise UserError(f"the shipped drafter '{spec}' is not in this install; train one with "
