@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import UserError, atomic_path, check_out_dir, check_out_file, run_cli
+from .errors import UserError, atomic_path, check_out_dir, run_cli
 
 METHODS = ("ar", "hf", "hf-prompt-lookup", "hf-assisted", "dflash", "domino-eager", "domino-fast", "domino-compiled",
            "domino", "dflash-tree", "domino-tree")
@@ -527,7 +527,9 @@ def main(argv: list[str] | None = None) -> int:
     # where the results go is checked now, not after the whole bench has run
     out = check_out_dir(args.out if args.out is not None else default_runs_dir() / "bench")
     if args.mlflow:
-        check_bench_tracking(args.tracking_uri)
+        from .training.tracking import check_tracking_uri
+
+        check_tracking_uri(args.tracking_uri, "--tracking-uri")
     from .data.eval_sets import load_eval_set
 
     # bad names fail before any model loads; a JSONL file is reported under its stem
@@ -632,26 +634,6 @@ def main(argv: list[str] | None = None) -> int:
     print("\n".join(notes) or agreement(smp), file=sys.stderr)
     print(f"wrote {out / 'bench.md'} and {out / 'bench.json'}", file=sys.stderr)
     return 1 if notes else 0
-
-
-def check_bench_tracking(uri: str | None) -> None:
-    """--tracking-uri as a store the bench can log to, checked before anything is decoded: a scheme MLflow knows,
-    and for a store on this machine, a place it can be created."""
-    from urllib.parse import urlparse
-
-    from .training.tracking import SQLITE, check_tracking_uri
-
-    if uri is None:
-        return                          # the default store under the runs folder
-    check_tracking_uri(uri)
-    if uri.startswith(SQLITE) and uri[len(SQLITE):] not in ("", ":memory:"):
-        check_out_file(uri[len(SQLITE):], "--tracking-uri")
-    elif urlparse(uri).scheme in ("", "file"):
-        # MLflow 3 opens a folder store only when asked to by this variable; say so now rather than after the bench
-        if os.environ.get("MLFLOW_ALLOW_FILE_STORE", "").lower() not in ("true", "1"):
-            raise UserError(f"--tracking-uri {uri}: MLflow no longer opens a folder as its store; use "
-                            "sqlite:///PATH/mlflow.db (or set MLFLOW_ALLOW_FILE_STORE=true)")
-        check_out_dir(urlparse(uri).path if uri.startswith("file:") else uri, "--tracking-uri")
 
 
 def _log_mlflow(results: dict, meta: dict, out: Path, uri: str | None) -> None:

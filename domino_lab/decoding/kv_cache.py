@@ -100,12 +100,12 @@ class GrowingLayer(DynamicLayer):
 
 
 class WindowLayer(DynamicLayer):
-    """A sliding-window layer that a batch-1 chain can cut back: it keeps the last W − 1 positions before the latest
-    forward's tokens, so a crop of up to that forward's tokens leaves every position the next forward's queries see
-    within the window. Its memory is bounded by the window, not the context (a full layer's grows with the context).
-    The kept positions are a view of a buffer of two to four times W − 1 + `room` positions; the front of the buffer
-    fills with dropped positions, and the kept ones move back to its start once it is full (a copy of W − 1
-    positions every W or more tokens). Hugging Face's mask for the sliding layers learns where the kept columns
+    """A sliding-window layer that batch-1 decoding (chain or tree) can cut back: it keeps the W − 1 positions before
+    the latest forward's tokens, so a crop of up to that forward's tokens leaves every position the next forward's
+    queries see within the window. Its memory is bounded by the window, not the context (a full layer's grows with
+    the context). The kept positions are a view of a buffer of two to four times W − 1 + `room` positions; the front
+    of the buffer fills with dropped positions, and the kept ones move back to its start once it is full (a copy of
+    W − 1 positions every W or more tokens). Hugging Face's mask for the sliding layers learns where the kept columns
     start from `get_mask_sizes` (`offset`: the positions before the first kept one)."""
 
     is_sliding = True
@@ -121,11 +121,15 @@ class WindowLayer(DynamicLayer):
         self.keys, self.values = self._views = (self._k.narrow(-2, self._start, self._len),
                                                 self._v.narrow(-2, self._start, self._len))
 
+    def _stale(self) -> bool:
+        """Whether `keys` / `values` are no longer the views this layer set (first use, or replaced from outside)."""
+        return self._views is None or self.keys is not self._views[0] or self.values is not self._views[1]
+
     def _make_room(self, key_states: torch.Tensor, value_states: torch.Tensor, new: int) -> None:
         """Room for `new` positions after the kept ones: the kept ones moved to the front of the buffer, or into a
         fresh one when it is too small or far larger than a window needs (after a long prompt). `key_states` /
         `value_states`: this forward's, whose shapes a first buffer takes."""
-        if self._views is None or self.keys is not self._views[0] or self.values is not self._views[1]:
+        if self._stale():
             # first use, or replaced from outside: start over from what `keys` / `values` hold
             empty = self.keys.numel() == 0
             keys = key_states.narrow(-2, 0, 0) if empty else self.keys
@@ -149,8 +153,7 @@ class WindowLayer(DynamicLayer):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         new = key_states.shape[-2]
-        stale = self._views is None or self.keys is not self._views[0] or self.values is not self._views[1]
-        if stale or self._start + self._len + new > self._k.shape[-2]:
+        if self._stale() or self._start + self._len + new > self._k.shape[-2]:
             self._make_room(key_states, value_states, new)
         at = self._start + self._len
         self._k.narrow(-2, at, new).copy_(key_states)

@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from ..errors import UserError, atomic_path, run_cli
+from ..errors import UserError, atomic_path, check_out_dir, run_cli
 from ..validation import check_int
 
 
@@ -87,19 +87,11 @@ def run_dirs(args) -> tuple[Path, Path, str]:
 
 
 def check_writable(out_dir: Path) -> None:
-    """--out-dir can be created and written, checked without creating it: a file can be made in its nearest
-    existing folder (a probe, not os.access, which says yes to root even on read-only or virtual file systems)."""
-    import tempfile
-
-    existing = out_dir.expanduser().absolute()
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
+    """--out-dir can be created and written, checked without creating it (errors.check_out_dir)."""
     try:
-        with tempfile.TemporaryFile(dir=existing):
-            pass
-    except OSError as e:
-        raise UserError(f"cannot create --out-dir {out_dir}: {existing} is not a writable folder ({e.strerror}); "
-                        "choose a writable location") from None
+        check_out_dir(out_dir, "--out-dir")
+    except UserError as e:
+        raise UserError(f"--out-dir {out_dir} is not a writable folder: {e}") from None
 
 
 def run(args) -> dict:

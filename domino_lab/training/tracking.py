@@ -3,6 +3,7 @@ file store), one run per training directory so that `--resume` continues the sam
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from ..errors import UserError, atomic_path, mask_credentials
@@ -20,11 +21,25 @@ def default_tracking_uri(runs_dir: str | Path | None = None) -> str:
     return f"{SQLITE}{(root / 'mlflow.db').resolve()}"
 
 
-def check_tracking_uri(uri: str | None) -> None:
+def check_tracking_uri(uri: str | None, flag: str = "tracking URI") -> None:
     """A tracking URI MLflow has a store for (sqlite:///..., postgresql://..., http(s)://...), checked by its scheme
-    without opening the store, so a typo fails before any training or sweep starts. None: the default store."""
+    without opening the store, and for a store on this machine, a place it can be created: a typo or an unwritable
+    path fails before any training, sweep or bench starts, not when the results are logged. None: the default
+    store. `flag`: how the caller's command line names it."""
     if uri is None:
         return
+    from urllib.parse import urlparse
+
+    from ..errors import check_out_dir, check_out_file
+
+    if uri.startswith(SQLITE) and uri[len(SQLITE):] not in ("", ":memory:"):
+        check_out_file(uri[len(SQLITE):], flag)
+    elif urlparse(uri).scheme in ("", "file"):
+        # MLflow 3 opens a folder store only when this variable asks it to
+        if os.environ.get("MLFLOW_ALLOW_FILE_STORE", "").lower() not in ("true", "1"):
+            raise UserError(f"{flag} {uri}: MLflow no longer opens a folder as its store; use "
+                            "sqlite:///PATH/mlflow.db (or set MLFLOW_ALLOW_FILE_STORE=true)")
+        check_out_dir(urlparse(uri).path if uri.startswith("file:") else uri, flag)
     from mlflow.exceptions import MlflowException
 
     try:
