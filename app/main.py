@@ -113,6 +113,11 @@ def check_bindable(host: str, port: int) -> None:
         raise UserError(f"cannot listen on {host}:{port} ({e.strerror}); choose another --host or --port") from None
 
 
+def url_host(host: str) -> str:
+    """`host` as it goes in a URL: an IPv6 literal (`::1`) in brackets, anything else as given."""
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
+
+
 def make_demo(args: argparse.Namespace, targets: dict | None = None):
     """The dashboard for checked arguments (`validate_args`); `targets`: the --target models it loaded."""
     import torch
@@ -138,9 +143,12 @@ def _main(argv=None) -> int:
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     targets = validate_args(args)
     demo = make_demo(args, targets)
-    print(f"domino-lab dashboard on http://{args.host}:{args.port}", file=sys.stderr)
+    server = url_host(args.host)
+    print(f"domino-lab dashboard on http://{server}:{args.port}", file=sys.stderr)
     try:
-        demo.launch(server_name=args.host, server_port=args.port, footer_links=["api"])
+        # Gradio puts server_name into the URLs it requests itself, so an IPv6 literal goes in brackets (it strips
+        # them again to bind)
+        demo.launch(server_name=server, server_port=args.port, footer_links=["api"])
     except OSError as e:
         # the port was free when checked, but something took it while the models loaded (or Gradio refused it)
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]

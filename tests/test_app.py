@@ -383,6 +383,41 @@ def test_cli_binds_localhost_by_default_and_rejects_bad_drafter(tmp_path):
     assert r.returncode == 2 and r.stderr.startswith("error: --drafter") and "Traceback" not in r.stderr
 
 
+
+def _ipv6_loopback_port() -> int | None:
+    try:
+        with socket.socket(socket.AF_INET6) as s:
+            s.bind(("::1", 0))
+            return s.getsockname()[1]
+    except OSError:
+        return None
+
+
+def test_cli_serves_on_an_ipv6_host():
+    """`--host ::1` serves at http://[::1]:PORT (Gradio requests its own URL while starting, and a bare IPv6 literal
+    there is not a URL)."""
+    from app.main import url_host
+
+    assert (url_host("::1"), url_host("[::1]"), url_host("127.0.0.1")) == ("[::1]", "[::1]", "127.0.0.1")
+    port = _ipv6_loopback_port()
+    if port is None:
+        pytest.skip("this machine has no IPv6 loopback")
+    proc = subprocess.Popen([sys.executable, "-m", "app", "--host", "::1", "--port", str(port)], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline, status = time.time() + 120, None
+        while time.time() < deadline and proc.poll() is None and status is None:
+            try:
+                with urllib.request.urlopen(f"http://[::1]:{port}/", timeout=5) as r:
+                    status = r.status
+            except OSError:
+                time.sleep(0.5)
+        out = "" if proc.poll() is None else proc.stdout.read()
+        assert status == 200, out[-2000:]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
 # ---------------------------------------------------------------------------------------------- browser
 class DevTools:
     """The few Chrome DevTools Protocol calls this test needs, over a minimal stdlib websocket client."""
