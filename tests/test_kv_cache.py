@@ -136,6 +136,87 @@ def test_window_layer_keeps_the_window_through_a_chains_updates_and_crops(seed):
     assert ours.get_seq_length() == 0
 
 
+def _one_layer(layer) -> DynamicCache:
+    cache = DynamicCache()
+    cache.layers = [layer]
+    return cache
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_rows_window_layer_holds_every_rows_window_through_a_batchs_operations(seed):
+    """A batch's window layer against a full one under what batched decoding does: verifies whose rejected drafts
+    stay as holes (cropped where every row rejected them), rows handed to new prompts (right-aligned, longer ones
+    widening the batch), leading columns trimmed. After each, every row's window (its positions from the next
+    query's − W + 1 on) is held and equal to the full layer's, and the layer ends holding far fewer columns."""
+    rng, g, w, rows = random.Random(seed), torch.Generator().manual_seed(seed), 5, 3
+
+    def prefill(lens):
+        n = max(lens)
+        valid = torch.arange(n)[None] >= (n - torch.tensor(lens))[:, None]
+        k, v = torch.randn(2, len(lens), 1, n, 2, generator=g)
+        a, b = _one_layer(kv_cache.RowsWindowLayer(w)), _one_layer(kv_cache.GrowingLayer())
+        a.update(k, v, 0), b.update(k.clone(), v.clone(), 0)
+        return a, b, valid
+
+    def verify(keep: list[int], least: int):
+        nonlocal valid, start
+        k = max(keep) + rng.randint(0, 2)
+        kk, vv = torch.randn(2, len(keep), 1, k, 2, generator=g)
+        ours.update(kk, vv, 0), ref.update(kk.clone(), vv.clone(), 0)
+        keep = torch.tensor(keep)
+        valid = torch.cat([valid, torch.arange(k)[None] < keep[:, None]], dim=1)
+        cut = k - int(keep.max())
+        if cut:
+            ours.crop(-cut), ref.crop(-cut)
+            valid = valid[:, :-cut]
+        start = start + keep
+        kv_cache.drop_outside_windows(ours, valid, start, least=least)
+
+    def join(r: int, n: int):
+        nonlocal valid
+        a, b, v_new = prefill([n])
+        ours_valid = kv_cache.place_rows(ours, valid.clone(), a, v_new, torch.tensor([r]))
+        valid = kv_cache.place_rows(ref, valid, b, v_new, torch.tensor([r]))
+        assert torch.equal(ours_valid, valid)
+        start[r] = n
+
+    def check():
+        mine, full = ours.layers[0], ref.layers[0]
+        assert mine.offset + mine.held() == full.keys.shape[-2] == valid.shape[1] == ours.get_seq_length()
+        pos = valid.long().cumsum(-1) - 1
+        for r in range(valid.shape[0]):
+            need = [c for c in range(valid.shape[1]) if valid[r, c] and pos[r, c] > start[r] - w]
+            assert need and min(need) >= mine.offset
+            at = torch.tensor(need)
+            assert torch.equal(mine.keys[r, :, at - mine.offset], full.keys[r, :, at])
+            assert torch.equal(mine.values[r, :, at - mine.offset], full.values[r, :, at])
+        return mine, full
+
+    ours, ref, valid = prefill([rng.randint(1, 12) for _ in range(rows)])
+    start, dropped = valid.sum(1), 0
+    for _ in range(150):
+        op = rng.random()
+        if op < 0.7:                                            # a verify, each row keeping some of its tokens
+            verify([rng.randint(1, 6) for _ in range(rows)], least=rng.choice([1, 3, 8]))
+        elif op < 0.9:                                          # a finished row takes a new prompt
+            join(rng.randrange(rows), rng.randint(1, 40))
+        else:
+            before, valid = valid, kv_cache.trim_left(ours, valid, 1)      # (leading columns no row holds)
+            assert torch.equal(kv_cache.trim_left(ref, before, 1), valid)
+        mine, full = check()
+        dropped = max(dropped, mine.offset)
+    assert dropped > 0 and mine.held() < full.keys.shape[-2]
+    # rows that all joined recently leave fewer than W - 1 columns held; a longer prompt joining gets its window
+    ours, ref, valid = prefill([1, 1])
+    start = valid.sum(1)
+    verify([6, 6], least=1)
+    join(0, 1), join(1, 1)
+    verify([1, 1], least=1)
+    assert ours.layers[0].held() < w - 1
+    join(0, 10)
+    assert check()[0].held() == w - 1
+
+
 def test_sliding_layers_grow_and_linear_attention_layers_stay_hugging_faces():
     cfg = Qwen3Config(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
                       num_attention_heads=2, num_key_value_heads=1, head_dim=8, use_sliding_window=True,

@@ -12,9 +12,10 @@ from transformers import (Gemma3ForCausalLM, Gemma3TextConfig, MistralConfig, Mi
 
 from core_helpers import brief_train, greedy_sequences
 from domino_lab import Drafter, Target
+from domino_lab.decoding import batched
 from domino_lab.decoding.batched import batched_generate
 from domino_lab.decoding.engine import speculative_generate
-from domino_lab.decoding import engine
+from domino_lab.decoding import engine, kv_cache
 from domino_lab.decoding.kv_cache import GrowingLayer, WindowLayer, has_sliding_window, new_cache
 from domino_lab.errors import UserError
 
@@ -107,14 +108,26 @@ def test_a_decode_keeps_only_the_window(setup, monkeypatch):
         assert all(type(layer) is GrowingLayer for layer in made[-2].layers if not layer.is_sliding)
 
 
-def test_batches_and_queues_equal_each_prompt_alone(setup):
+def test_batches_and_queues_equal_each_prompt_alone(setup, monkeypatch):
     # rows keep rejected drafts as holes, so their columns run ahead of their positions: the windows are counted in
-    # positions by the verify's own mask
+    # positions by the verify's own mask, and the sliding layers drop the columns no row's window reaches any more
     target, d, prompts = setup
     refs = [speculative_generate(target, None, prompt_ids=p, max_new_tokens=NEW).token_ids for p in prompts]
+    held = []
+
+    def spy(cache, valid, next_pos, least=None):
+        kv_cache.drop_outside_windows(cache, valid, next_pos, least)
+        sliding = [layer for layer in cache.layers if type(layer) is kv_cache.RowsWindowLayer]
+        assert sliding and all(type(layer) is GrowingLayer for layer in cache.layers if layer not in sliding)
+        held.append((max(layer.held() for layer in sliding), valid.shape[1], min(layer.offset for layer in sliding)))
+
+    monkeypatch.setattr(batched, "drop_outside_windows", spy)
     for drafter, drafts, slots in ((None, "all", 2), (d, "all", None), (d, "adaptive", 3), (d, 3, None)):
+        held.clear()
         out = batched_generate(target, drafter, prompts, max_new_tokens=NEW, drafts=drafts, slots=slots)
         assert out.token_ids == refs, (drafter is not None, drafts, slots)
+        # the window (W - 1 positions, more columns where rows kept holes) plus at most one drop's worth of columns
+        assert max(o for _, _, o in held) > 0 and max(h for h, _, _ in held) < max(n for _, n, _ in held)
 
 
 def test_linear_attention_targets_roll_back_a_chain_and_refuse_the_rest():

@@ -25,7 +25,8 @@ from ..errors import UserError
 from ..validation import check_seed, check_token_ids
 from ..models.options import BATCH_DRAFTS
 from .adaptive import DraftCount
-from .kv_cache import check_layers, layer_masks, new_cache, place_rows, stack_rows, trim_left, window_layout
+from .kv_cache import (check_layers, drop_outside_windows, layer_masks, new_cache, place_rows, stack_rows, trim_left,
+                       window_layout, window_offset)
 from .lookup import copy_index, copy_inputs, draft_lookup
 
 PREFILL_SLACK = 1.25   # prompts prefilled in one forward: at most this many padded positions per real one
@@ -176,7 +177,8 @@ def batched_generate(target, drafter, prompts_ids: list[list[int]], max_new_toke
         seen = valid[:, None, :] & (cols[None, :] <= cols[-q:, None])[None]          # [rows, q, columns]
         mask = torch.zeros(seen.shape, dtype=target.dtype, device=dev)
         mask.masked_fill_(~seen, torch.finfo(target.dtype).min)
-        return layer_masks(target.model.config, mask[:, None], vpos, valid.long().cumsum(-1) - 1)
+        return layer_masks(target.model.config, mask[:, None], vpos, valid.long().cumsum(-1) - 1,
+                           dropped=window_offset(cache))
 
 
     def prefill_group(new: list[int]):
@@ -194,7 +196,7 @@ def batched_generate(target, drafter, prompts_ids: list[list[int]], max_new_toke
         pos = (valid_new.long().cumsum(-1) - 1).clamp(min=0)
         # no capacity hint: rejected slots that some row keeps stay as holes, so a batch's final cache length is not
         # known (buffers sized for the no-hole case decoded no faster)
-        c = new_cache(target.model.config)
+        c = new_cache(target.model.config, batch_windows=True)
         out = target.forward(ids, cache=c, taps=taps, attention_mask=valid_new.long(), position_ids=pos,
                              last_logits_only=True, greedy=noise is None)
         first = out.tokens[:, -1] if noise is None else choose(out.logits[:, -1:], new, lens)[:, 0]
@@ -423,6 +425,8 @@ def batched_generate(target, drafter, prompts_ids: list[list[int]], max_new_toke
                 owed[r] = owed.get(r, 0) + kept
         anchor = torch.tensor([tokens[r][-1] for r in live], device=dev)
         start = start + keep
+        if windows:
+            drop_outside_windows(cache, valid, start)
         if noise is not None:
             for r, s in zip(live, start.tolist()):
                 noise[r].forget(s + 1)

@@ -16,8 +16,10 @@ A sliding-window layer (Mistral-style windows, Gemma's alternating local layers)
 keeps only its last positions and refuses to be cropped past them, and speculative decoding crops every step. A
 batch-1 chain gets a `WindowLayer`, which keeps the window plus the latest forward's tokens, so any of them can be
 cut back, and tells Hugging Face's mask where its columns start; a tree's own mask leaves out the columns it
-dropped (`layer_masks`). Batches get a full layer, which keeps every position: their own masks hide the ones outside
-the window, counted in token positions (docs/design.md#sliding-window-targets). Other special layers (linear
+dropped (`layer_masks`). A batch's rows keep rejected drafts as holes, so their columns run ahead of their
+positions: batches get a `RowsWindowLayer`, which drops the leading columns no row's window reaches any more (read
+from the rows' positions), and their own masks hide the keys outside the window, counted in token positions
+(docs/design.md#sliding-window-targets). Other special layers (linear
 attention and other per-token state) stay as Hugging Face builds them: a batch-1 chain has them record their
 recent states (`record_past`) so that a rejected draft can be undone, and `check_layers` refuses them where a
 decoder would cut them back further or move their rows.
@@ -25,9 +27,9 @@ decoder would cut them back further or move their rows.
 Batched decoding with a queue of prompts (decoding/batched.py) also writes a new sequence into a finished row of a
 running batch (`place_rows`: in place, right-aligned, the row's older positions hidden by the attention mask), stacks
 the caches of prompts prefilled in groups (`stack_rows`, right-aligned, only those new rows copied), and rarely copies
-the batch: `widen` (zeros in front, for a prompt longer than the batch's positions) and `trim_left` (leading
-positions no live row attends to any more) hand the layer new tensors, which its next `update` copies into a fresh
-buffer, as after `batch_select_indices`.
+the batch: `widen` (zeros in front, for a prompt longer than the batch's positions), `trim_left` (leading
+positions no live row attends to any more) and `drop_outside_windows` hand the layer new tensors, which its next
+`update` copies into a fresh buffer, as after `batch_select_indices`.
 """
 from __future__ import annotations
 
@@ -194,22 +196,63 @@ class WindowLayer(DynamicLayer):
         super().reset()
 
 
-def new_cache(config=None, capacity: int | None = None, bounded_windows: bool = False) -> DynamicCache:
+class RowsWindowLayer(GrowingLayer):
+    """A batch's sliding-window layer: a growing layer over the batch's last columns, `offset` of the leading ones
+    dropped. Rows keep rejected drafts as holes and join at any time, so what is dropped is decided from every row's
+    positions (`drop_outside_windows`: the columns no live row's window reaches any more), not from a count of
+    positions as in `WindowLayer`. A row that joins needs its last W − 1 prompt positions here (`put_rows` pads the
+    front with zeros when fewer columns are held; other rows' windows never reach those columns). Hugging Face builds
+    no masks for it: batches pass their own, the sliding layers' cut at `offset` (`layer_masks`)."""
+
+    def __init__(self, window: int, capacity: int | None = None):
+        super().__init__(capacity)
+        self.window = window
+        self.offset = 0                     # leading batch columns no longer held
+
+    def held(self) -> int:
+        return self.keys.shape[-2] if self.is_initialized else 0
+
+    def hold(self, n: int) -> None:
+        """Hold at least n columns (no more than the batch has), zeros in front for those dropped earlier."""
+        short = min(n, self.offset + self.held()) - self.held()
+        if short > 0:
+            self.keys, self.values = _pad_left(self.keys, short), _pad_left(self.values, short)
+            self.offset -= short
+
+    def get_seq_length(self) -> int:
+        return self.offset + self.held()
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.held() + query_length, self.offset
+
+    def reset(self) -> None:
+        self.offset = 0
+        super().reset()
+
+
+def new_cache(config=None, capacity: int | None = None, bounded_windows: bool = False,
+              batch_windows: bool = False) -> DynamicCache:
     """A cache for a decode: the model's layers from its config (None: plain layers added as they are used, as
     `DynamicCache()` does), the plain ones growing in place unless `kind("dynamic")` is in effect; `capacity`, the
     positions the decode expects to hold (a hint: a buffer allocated at that size, grown past it if needed).
     Sliding-window layers become full layers, whose window is in the attention mask (module docstring), or with
-    `bounded_windows` (batch-1 decoding, which only cuts back its last forward's tokens) `WindowLayer`s."""
+    `bounded_windows` (batch-1 decoding, which only cuts back its last forward's tokens) `WindowLayer`s, or with
+    `batch_windows` (batched decoding, which drops what no row's window reaches: `drop_outside_windows`)
+    `RowsWindowLayer`s."""
     cache = DynamicCache(config=config) if config is not None else DynamicCache()
     plain = partial(GrowingLayer, capacity) if _kind == "growing" else DynamicLayer
+
+    def sliding(layer):
+        if bounded_windows:
+            return WindowLayer(layer.sliding_window)
+        return RowsWindowLayer(layer.sliding_window, capacity) if batch_windows else plain()
+
     if config is None:
         if _kind == "growing":
             cache.layer_class_to_replicate = plain
     else:
-        cache.layers = [WindowLayer(layer.sliding_window) if bounded_windows and type(layer) is
-                        DynamicSlidingWindowLayer else
-                        plain() if type(layer) in (DynamicLayer, DynamicSlidingWindowLayer) else layer
-                        for layer in cache.layers]
+        cache.layers = [sliding(layer) if type(layer) is DynamicSlidingWindowLayer else
+                        plain() if type(layer) is DynamicLayer else layer for layer in cache.layers]
     return cache
 
 
@@ -257,7 +300,7 @@ def layer_masks(config, mask: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Te
 
 def window_offset(cache: DynamicCache) -> int:
     """How many leading positions the cache's window layers have dropped (the same for each), 0 without any."""
-    return next((layer.offset for layer in cache.layers if type(layer) is WindowLayer), 0)
+    return next((layer.offset for layer in cache.layers if type(layer) in (WindowLayer, RowsWindowLayer)), 0)
 
 
 def check_layers(config, what: str, chain: bool = False, cache: DynamicCache | None = None) -> None:
@@ -293,8 +336,9 @@ def record_past(cache: DynamicCache, tokens: int) -> bool:
 
 
 def _plain_layers(cache: DynamicCache) -> list:
-    """The cache's initialized layers, which must be plain full-attention ones (a sliding window keeps only its last
-    positions, so its columns do not line up with the batch's)."""
+    """The cache's initialized layers, which must line up with the batch's columns: full-attention ones, and batch
+    window layers, which know how many leading columns they dropped (Hugging Face's sliding windows and `WindowLayer`
+    keep a count of positions, which a batch's holes move away from its columns)."""
     layers = [layer for layer in cache.layers if layer.is_initialized and layer.keys.numel() > 0]
     if any(layer.is_sliding for layer in layers):
         raise ValueError("joining or trimming batch rows needs full-attention cache layers, not sliding windows")
@@ -311,15 +355,21 @@ def put_rows(cache: DynamicCache, other: DynamicCache, rows: torch.Tensor) -> No
     finished row's place to a new sequence); `cache` must be at least as long. The row's positions before them keep
     their old contents, which the caller's attention mask hides."""
     for a, b in zip(_plain_layers(cache), _plain_layers(other), strict=True):
+        if type(a) is RowsWindowLayer:
+            a.hold(min(b.keys.shape[-2], a.window - 1))
         for name in ("keys", "values"):
             x, y = getattr(a, name), getattr(b, name)
-            x[rows, :, x.shape[-2] - y.shape[-2]:] = y
+            # (a window layer may hold fewer columns: the row's earlier ones are outside its window)
+            n = min(x.shape[-2], y.shape[-2]) if type(a) is RowsWindowLayer else y.shape[-2]
+            x[rows, :, x.shape[-2] - n:] = y[..., y.shape[-2] - n:, :]
 
 
 def stack_rows(caches: list[DynamicCache]) -> DynamicCache:
     """The rows of several caches as one (the first, refilled), right-aligned at the longest, zeros in front that the
     caller's attention mask hides."""
     layers = [_plain_layers(c) for c in caches]
+    if any(getattr(layer, "offset", 0) for ls in layers for layer in ls):
+        raise ValueError("stack_rows takes freshly prefilled caches, whose window layers hold every column")
     n = max(ls[0].keys.shape[-2] for ls in layers)
     for i, layer in enumerate(layers[0]):
         for name in ("keys", "values"):
@@ -331,14 +381,42 @@ def stack_rows(caches: list[DynamicCache]) -> DynamicCache:
 def widen(cache: DynamicCache, n: int) -> None:
     """Put n zero positions in front of every row (room for a longer sequence to be right-aligned; a copy)."""
     for layer in _plain_layers(cache):
-        layer.keys, layer.values = _pad_left(layer.keys, n), _pad_left(layer.values, n)
+        if type(layer) is RowsWindowLayer:
+            layer.offset += n                   # (columns it does not hold; `put_rows` holds what a row needs)
+        else:
+            layer.keys, layer.values = _pad_left(layer.keys, n), _pad_left(layer.values, n)
 
 
 def drop_left(cache: DynamicCache, n: int) -> None:
     """Remove the first n positions of every row (columns that no live row attends to any more)."""
     if n > 0:
         for layer in _plain_layers(cache):
-            layer.keys, layer.values = layer.keys[..., n:, :], layer.values[..., n:, :]
+            cut = n
+            if type(layer) is RowsWindowLayer:
+                cut, layer.offset = max(0, n - layer.offset), max(0, layer.offset - n)
+            if cut:
+                layer.keys, layer.values = layer.keys[..., cut:, :], layer.values[..., cut:, :]
+
+
+def drop_outside_windows(cache: DynamicCache, valid: torch.Tensor, next_pos: torch.Tensor,
+                         least: int | None = None) -> None:
+    """Drop the leading columns of a batch's window layers that no row's window reaches any more, once at least
+    `least` of them have passed (default: a quarter window, at least MIN_ROOM or the window; each drop copies the
+    window on the next forward, so not every step). `valid` [rows, columns]: the
+    batch's real positions (a row's positions count its valid columns); `next_pos` [rows]: each row's next query
+    position. A key is seen while the query is less than a window past it, so a row needs the columns holding its
+    positions from next_pos − W + 1 on."""
+    layers = [layer for layer in cache.layers if type(layer) is RowsWindowLayer and layer.is_initialized]
+    for window in {layer.window for layer in layers}:
+        pos = valid.long().cumsum(-1) - 1
+        needed = (valid & (pos > next_pos[:, None] - window)).any(0)
+        lead = int(needed.long().argmax()) if needed.any() else valid.shape[1]
+        enough = least if least is not None else max(window // 4, min(window, MIN_ROOM))
+        for layer in layers:
+            cut = lead - layer.offset
+            if layer.window == window and cut >= enough:
+                layer.keys, layer.values = layer.keys[..., cut:, :], layer.values[..., cut:, :]
+                layer.offset = lead
 
 
 def place_rows(cache: DynamicCache, valid: torch.Tensor, other: DynamicCache, other_valid: torch.Tensor,
