@@ -146,13 +146,13 @@ def main(argv=None) -> int:
         "end of the decode, a batch's largest after any step (its rows leave as they finish); context: the longest "
         "row's.",
         "",
-        "| decoding | drafter | new tokens | context | cache MiB, window layers | cache MiB, full layers | tokens/s window | "
-        "tokens/s full | window ÷ full tokens/s |",
+        "| decoding | drafter | new tokens | context | cache MiB, window layers | cache MiB, full layers | "
+        "tokens/s window | tokens/s full | window ÷ full tokens/s |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        lines.append(f"| {r['decoding']} | {r['method']} | {r['new_tokens']} | {r['context']} | {r['window_mib']:.2f} | "
-                     f"{r['full_mib']:.2f} | {r['window_tps']:.1f} | {r['full_tps']:.1f} | "
+        lines.append(f"| {r['decoding']} | {r['method']} | {r['new_tokens']} | {r['context']} | "
+                     f"{r['window_mib']:.2f} | {r['full_mib']:.2f} | {r['window_tps']:.1f} | {r['full_tps']:.1f} | "
                      f"{r['window_tps'] / r['full_tps']:.2f}× |")
     text = "\n".join(lines) + "\n"
     print(text)

@@ -217,6 +217,44 @@ def test_rows_window_layer_holds_every_rows_window_through_a_batchs_operations(s
     assert check()[0].held() == w - 1
 
 
+def test_linear_attention_layers_count_a_batchs_columns_through_its_operations():
+    """Qwen3-Next's first layer is a linear-attention one, so the cache's length is what those layers count; a batch's
+    operations keep it at the K/V layers' column count (what the model's own positions would start from)."""
+    from transformers import Qwen3NextForCausalLM
+
+    torch.manual_seed(0)
+    cfg = Qwen3NextConfig(vocab_size=32, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                          num_key_value_heads=1, head_dim=8, intermediate_size=32, mlp_only_layers=[0, 1],
+                          linear_num_value_heads=2, linear_num_key_heads=2, linear_key_head_dim=8,
+                          linear_value_head_dim=8, layer_types=["linear_attention", "full_attention"])
+    model = Qwen3NextForCausalLM(cfg).eval()
+
+    def prefill(rows: int, n: int):
+        cache = kv_cache.new_cache(cfg)
+        with torch.no_grad():
+            model(input_ids=torch.randint(4, 32, (rows, n)), past_key_values=cache, use_cache=True)
+        return cache
+
+    def columns(cache):
+        return cache.layers[1].keys.shape[-2]
+
+    cache = kv_cache.stack_rows([prefill(2, 5), prefill(1, 7)])
+    assert columns(cache) == int(cache.get_seq_length()) == 7
+    kv_cache.record_past(cache, 4)
+    with torch.no_grad():
+        model(input_ids=torch.randint(4, 32, (3, 4)), past_key_values=cache, use_cache=True,
+              position_ids=torch.arange(7, 11).expand(3, -1))
+    kv_cache.cut_back_rows(cache, 4, torch.tensor([3, 1, 2]), cut=1)
+    assert columns(cache) == int(cache.get_seq_length()) == 10
+    assert cache.layers[0].conv_states[0].shape[-1] == cache.layers[0].conv_kernel_size[0]
+    kv_cache.widen(cache, 3)
+    assert columns(cache) == int(cache.get_seq_length()) == 13
+    kv_cache.drop_left(cache, 5)
+    assert columns(cache) == int(cache.get_seq_length()) == 8
+    kv_cache.select_rows(cache, torch.tensor([2, 0]))
+    assert cache.layers[0].recurrent_states[0].shape[0] == cache.layers[1].keys.shape[0] == 2
+
+
 def test_sliding_layers_grow_and_linear_attention_layers_stay_hugging_faces():
     cfg = Qwen3Config(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
                       num_attention_heads=2, num_key_value_heads=1, head_dim=8, use_sliding_window=True,

@@ -130,8 +130,9 @@ def test_batches_and_queues_equal_each_prompt_alone(setup, monkeypatch):
         assert max(o for _, _, o in held) > 0 and max(h for h, _, _ in held) < max(n for _, n, _ in held)
 
 
-def test_linear_attention_targets_roll_back_a_chain_and_refuse_the_rest():
-    # Qwen3-Next-style: gated delta-rule layers (a recurrent state per sequence) and one full-attention layer
+def test_linear_attention_targets_roll_back_chains_and_batch_rows_and_refuse_trees():
+    # Qwen3-Next-style: gated delta-rule layers (a recurrent state per sequence) and one full-attention layer. A chain
+    # undoes a verify's rejected drafts from the recorded states; a batch takes each row's own state from them
     from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
 
     torch.manual_seed(0)
@@ -139,13 +140,20 @@ def test_linear_attention_targets_roll_back_a_chain_and_refuse_the_rest():
                           num_key_value_heads=2, head_dim=8, intermediate_size=64, mlp_only_layers=[0, 1, 2, 3],
                           linear_num_value_heads=2, linear_num_key_heads=2, linear_key_head_dim=8,
                           linear_value_head_dim=8, max_position_embeddings=512, eos_token_id=3)
-    target = Target(Qwen3NextForCausalLM(cfg).to(torch.float64), None, mask_token_id=V - 1, taps=[1, 2])
+    model = Qwen3NextForCausalLM(cfg)
+    for layer in model.model.layers:
+        if hasattr(layer, "linear_attn"):
+            # slow decay: the recurrent state carries far enough back that a wrong one changes the text (with the
+            # random init's fast decay, a row given another row's state decoded the same tokens)
+            layer.linear_attn.A_log.data.fill_(-4.0)
+    target = Target(model.to(torch.float64), None, mask_token_id=V - 1, taps=[1, 2])
     seqs = greedy_sequences(target, 32, 30)
     d = Drafter.untrained(target, "domino", block_size=8)
     brief_train(d, seqs, steps=40)
     accepted = rejected = 0
-    for p in [seqs[i, : 4 + 4 * i].tolist() for i in range(4)] + [[7, 9, 11]]:
-        ref = _hf_greedy(target, p)
+    prompts = [seqs[i, : 4 + 4 * i].tolist() for i in range(4)] + [[7, 9, 11]]
+    refs = [_hf_greedy(target, p) for p in prompts]
+    for p, ref in zip(prompts, refs):
         for opts in ({}, {"lookup": 2}):
             saved = d.options
             d.options = dataclasses.replace(saved, **opts)
@@ -157,7 +165,34 @@ def test_linear_attention_targets_roll_back_a_chain_and_refuse_the_rest():
             accepted += sum(s.accepted for s in res.steps)
             rejected += sum(s.accepted < len(s.draft_tokens) for s in res.steps)
     assert accepted > 50 and rejected > 10          # both kinds of step: states kept and states rolled back
+    for drafter, drafts, slots in ((None, "all", 2), (d, "all", None), (d, "adaptive", 3), (d, 3, 2)):
+        out = batched_generate(target, drafter, prompts, max_new_tokens=NEW, drafts=drafts, slots=slots)
+        assert out.token_ids == refs, (drafter is not None, drafts, slots)
     with pytest.raises(UserError, match="LinearAttentionLayer layers .*chain verification"):
         speculative_generate(target, d, prompt_ids=[5, 6, 7], max_new_tokens=8, tree_nodes=8)
-    with pytest.raises(UserError, match="batched decoding needs a target whose K/V cache can be cut back"):
-        batched_generate(target, None, [[5, 6, 7]], max_new_tokens=8)
+
+
+@pytest.mark.parametrize("family", ["bamba", "nemotron_h"])
+def test_mamba_hybrids_decode_exactly_in_chains_and_batches(family):
+    # Mamba-2 layers (Bamba), and Nemotron-H, whose MLP-only layers have no cache at all (a placeholder layer)
+    import transformers as hf
+
+    torch.manual_seed(0)
+    common = dict(vocab_size=V, hidden_size=32, num_attention_heads=4, num_key_value_heads=2, intermediate_size=64,
+                  max_position_embeddings=512, eos_token_id=3, pad_token_id=0)
+    if family == "bamba":
+        model = hf.BambaForCausalLM(hf.BambaConfig(**common, num_hidden_layers=4, attn_layer_indices=[2],
+                                                   mamba_n_heads=4, mamba_d_head=16, mamba_n_groups=1,
+                                                   mamba_d_state=8, mamba_chunk_size=16))
+    else:
+        model = hf.NemotronHForCausalLM(hf.NemotronHConfig(**common, layers_block_type=["mamba", "attention", "mlp",
+                                                                                        "mamba"], head_dim=8,
+                                                           mamba_num_heads=4, mamba_head_dim=16, n_groups=1,
+                                                           ssm_state_size=8))
+    target = Target(model.to(torch.float64), None, mask_token_id=V - 1, taps=[1, 2])
+    d = Drafter.untrained(target, "domino", block_size=4)
+    prompts = [[5 + i, 9, 11 + 2 * i, 7][: 2 + i % 3] * (1 + i) for i in range(5)]
+    refs = [_hf_greedy(target, p) for p in prompts]
+    assert [speculative_generate(target, d, prompt_ids=p, max_new_tokens=NEW).token_ids for p in prompts] == refs
+    for drafter, slots in ((None, None), (d, None), (d, 2)):
+        assert batched_generate(target, drafter, prompts, max_new_tokens=NEW, slots=slots).token_ids == refs

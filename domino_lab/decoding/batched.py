@@ -25,8 +25,8 @@ from ..errors import UserError
 from ..validation import check_seed, check_token_ids
 from ..models.options import BATCH_DRAFTS
 from .adaptive import DraftCount
-from .kv_cache import (check_layers, drop_outside_windows, layer_masks, new_cache, place_rows, stack_rows, trim_left,
-                       window_layout, window_offset)
+from .kv_cache import (check_layers, cut_back_rows, drop_outside_windows, layer_masks, new_cache, place_rows,
+                       record_past, select_rows, stack_rows, trim_left, window_layout, window_offset)
 from .lookup import copy_index, copy_inputs, draft_lookup
 
 PREFILL_SLACK = 1.25   # prompts prefilled in one forward: at most this many padded positions per real one
@@ -64,7 +64,7 @@ def check_batched_mode(drafter, temperature: float, top_p: float = 1.0, sampler:
                         "cannot hold ragged rows); decode it one sequence at a time (speculative_generate)")
     target = target if target is not None else drafter.target if drafter is not None else None
     if target is not None:
-        check_layers(target.model.config, "batched decoding")
+        check_layers(target.model.config, "batched decoding", rows=True)
 
 
 def check_slots(slots: int | None) -> int | None:
@@ -323,7 +323,7 @@ def batched_generate(target, drafter, prompts_ids: list[list[int]], max_new_toke
             if not live:
                 break
             sel = torch.tensor(rows, device=dev)
-            cache.batch_select_indices(sel)
+            select_rows(cache, sel)
             valid, anchor, start = valid[sel], anchor[sel], start[sel]
             if draft_cache is not None:
                 draft_cache.batch_select_indices(sel)
@@ -333,6 +333,8 @@ def batched_generate(target, drafter, prompts_ids: list[list[int]], max_new_toke
         if not live:                                                  # the first prompts
             new, queue = queue[:slots], queue[slots:]
             new, cache, valid, first, start, chunk = prefill(new)
+            # linear-attention layers keep each verify's states, from which every row takes its own (cut_back_rows)
+            record_past(cache, n_drafts + 1)
             anchor, valid, live = first.clone(), valid.clone(), list(new)     # (written in place later)
             pending = [(new, *chunk)] if chunk is not None else []
             owed.update(zip(new, start.tolist()))
@@ -414,9 +416,9 @@ def batched_generate(target, drafter, prompts_ids: list[list[int]], max_new_toke
         # the new slots a row keeps are its anchor and accepted drafts; the rest become holes
         new_valid = torch.arange(k, device=dev)[None] < keep[:, None]
         valid[:, -k:] = new_valid
-        cut = k - int(keep.max())
-        if cut > 0:                                                   # rejected by every row: crop
-            cache.crop(-cut)
+        cut = k - int(keep.max())                                     # rejected by every row: cropped
+        cut_back_rows(cache, k, k - keep, cut)
+        if cut > 0:
             valid = valid[:, :-cut]
         m = k - cut
         if taps is not None:

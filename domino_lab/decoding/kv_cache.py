@@ -20,9 +20,9 @@ dropped (`layer_masks`). A batch's rows keep rejected drafts as holes, so their 
 positions: batches get a `RowsWindowLayer`, which drops the leading columns no row's window reaches any more (read
 from the rows' positions), and their own masks hide the keys outside the window, counted in token positions
 (docs/design.md#sliding-window-targets). Other special layers (linear
-attention and other per-token state) stay as Hugging Face builds them: a batch-1 chain has them record their
-recent states (`record_past`) so that a rejected draft can be undone, and `check_layers` refuses them where a
-decoder would cut them back further or move their rows.
+attention and other per-token state) stay as Hugging Face builds them: decoding has them record their recent states
+(`record_past`) so that rejected drafts can be undone, for every row alike in a batch-1 chain (their `crop`) or per
+row in a batch (`cut_back_rows`), and `check_layers` refuses them where a decoder would need more (trees).
 
 Batched decoding with a queue of prompts (decoding/batched.py) also writes a new sequence into a finished row of a
 running batch (`place_rows`: in place, right-aligned, the row's older positions hidden by the attention mask), stacks
@@ -38,7 +38,7 @@ from functools import partial
 
 import torch
 from transformers import DynamicCache
-from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
+from transformers.cache_utils import DummyLayer, DynamicLayer, DynamicSlidingWindowLayer, LinearAttentionLayer
 
 from ..errors import UserError
 
@@ -303,16 +303,20 @@ def window_offset(cache: DynamicCache) -> int:
     return next((layer.offset for layer in cache.layers if type(layer) in (WindowLayer, RowsWindowLayer)), 0)
 
 
-def check_layers(config, what: str, chain: bool = False, cache: DynamicCache | None = None) -> None:
+def check_layers(config, what: str, chain: bool = False, cache: DynamicCache | None = None,
+                 rows: bool = False) -> None:
     """Whether a decoder can run on this target's layers, or one clear error before any decoding. Speculative and
     batched decoding cut the cache back and move its rows, which the layers a `new_cache` leaves as Hugging Face
     builds them (linear attention and other per-token state) do not allow; trees and batches build their own
     attention masks, which describe full and sliding-window layers only (`layer_masks`). `chain`: a batch-1 chain,
     which uses Hugging Face's masks and only undoes the last verify's rejected tokens; layers that can record their
-    recent states for that (`record_past`) are accepted there. `cache`: the decode's `new_cache`, when it has one."""
+    recent states for that (`record_past`) are accepted there. `rows`: batched decoding, which undoes each row's
+    rejected tokens in linear-attention layers of their own (`cut_back_rows`). Layers without a cache (MLP-only
+    ones) are accepted everywhere. `cache`: the decode's `new_cache`, when it has one."""
     special = [layer for layer in (cache if cache is not None else new_cache(config)).layers
-               if type(layer) not in (DynamicLayer, GrowingLayer, WindowLayer)]
-    refused = sorted({type(layer).__name__ for layer in special if not (chain and _recordable(layer))})
+               if type(layer) not in (DynamicLayer, GrowingLayer, WindowLayer, DummyLayer)]
+    refused = sorted({type(layer).__name__ for layer in special
+                      if not (chain and _recordable(layer)) and not (rows and type(layer) is LinearAttentionLayer)})
     one_at_a_time = "decode it one sequence at a time with chain verification (tree nodes 0)"
     if refused:
         fix = f"{one_at_a_time}, or without a drafter" if all(map(_recordable, special)) and not chain else \
@@ -336,13 +340,34 @@ def record_past(cache: DynamicCache, tokens: int) -> bool:
 
 
 def _plain_layers(cache: DynamicCache) -> list:
-    """The cache's initialized layers, which must line up with the batch's columns: full-attention ones, and batch
+    """The cache's initialized K/V layers, which must line up with the batch's columns: full-attention ones, and batch
     window layers, which know how many leading columns they dropped (Hugging Face's sliding windows and `WindowLayer`
     keep a count of positions, which a batch's holes move away from its columns)."""
-    layers = [layer for layer in cache.layers if layer.is_initialized and layer.keys.numel() > 0]
+    layers = [layer for layer in cache.layers if getattr(layer, "is_initialized", False)
+              and getattr(layer, "keys", None) is not None and layer.keys.numel() > 0]
     if any(layer.is_sliding for layer in layers):
         raise ValueError("joining or trimming batch rows needs full-attention cache layers, not sliding windows")
     return layers
+
+
+def _state_layers(cache: DynamicCache) -> list:
+    """The cache's linear-attention layers (a conv state and a recurrent state per row, no K/V). They count the
+    batch's columns too (`cumulative_length_linear`, which the model reads as the cache's length when the first layer
+    is one of them), so whatever adds or removes columns adjusts that count."""
+    return [layer for layer in cache.layers if type(layer) is LinearAttentionLayer]
+
+
+def _columns(cache: DynamicCache) -> int:
+    """How many columns a batch cache has (its K/V layers' length, or what its linear-attention layers count)."""
+    plain = _plain_layers(cache)
+    return plain[0].get_seq_length() if plain else int(_state_layers(cache)[0].cumulative_length_linear)
+
+
+def _states(layer) -> list[tuple[dict, int]]:
+    """(the layer's dict of conv or recurrent states, state index) for each state it holds."""
+    return [(d, i) for i in range(layer.number_of_states)
+            for d, ok in ((layer.conv_states, layer.is_conv_states_initialized[i]),
+                          (layer.recurrent_states, layer.is_recurrent_states_initialized[i])) if ok]
 
 
 def _pad_left(x: torch.Tensor, n: int) -> torch.Tensor:
@@ -362,6 +387,9 @@ def put_rows(cache: DynamicCache, other: DynamicCache, rows: torch.Tensor) -> No
             # (a window layer may hold fewer columns: the row's earlier ones are outside its window)
             n = min(x.shape[-2], y.shape[-2]) if type(a) is RowsWindowLayer else y.shape[-2]
             x[rows, :, x.shape[-2] - n:] = y[..., y.shape[-2] - n:, :]
+    for a, b in zip(_state_layers(cache), _state_layers(other), strict=True):
+        for (x, i), (y, _) in zip(_states(a), _states(b), strict=True):
+            x[i][rows] = y[i]
 
 
 def stack_rows(caches: list[DynamicCache]) -> DynamicCache:
@@ -370,11 +398,16 @@ def stack_rows(caches: list[DynamicCache]) -> DynamicCache:
     layers = [_plain_layers(c) for c in caches]
     if any(getattr(layer, "offset", 0) for ls in layers for layer in ls):
         raise ValueError("stack_rows takes freshly prefilled caches, whose window layers hold every column")
-    n = max(ls[0].keys.shape[-2] for ls in layers)
+    n = max(map(_columns, caches))
     for i, layer in enumerate(layers[0]):
         for name in ("keys", "values"):
             setattr(layer, name, torch.cat([_pad_left(getattr(ls[i], name), n - getattr(ls[i], name).shape[-2])
                                             for ls in layers]))
+    states = [_state_layers(c) for c in caches]
+    for i, layer in enumerate(states[0]):
+        for (d, j), *others in zip(*[_states(ls[i]) for ls in states]):
+            d[j] = torch.cat([d[j]] + [o[j] for o, _ in others])
+        layer.cumulative_length_linear.fill_(n)
     return caches[0]
 
 
@@ -385,6 +418,8 @@ def widen(cache: DynamicCache, n: int) -> None:
             layer.offset += n                   # (columns it does not hold; `put_rows` holds what a row needs)
         else:
             layer.keys, layer.values = _pad_left(layer.keys, n), _pad_left(layer.values, n)
+    for layer in _state_layers(cache):
+        layer.cumulative_length_linear.add_(n)
 
 
 def drop_left(cache: DynamicCache, n: int) -> None:
@@ -396,6 +431,51 @@ def drop_left(cache: DynamicCache, n: int) -> None:
                 cut, layer.offset = max(0, n - layer.offset), max(0, layer.offset - n)
             if cut:
                 layer.keys, layer.values = layer.keys[..., cut:, :], layer.values[..., cut:, :]
+        for layer in _state_layers(cache):
+            layer.cumulative_length_linear.sub_(n)
+
+
+def select_rows(cache: DynamicCache, rows: torch.Tensor) -> None:
+    """Keep only these rows of every layer (`DynamicCache.batch_select_indices`, which linear-attention layers lack:
+    their states are selected as for beam search)."""
+    for layer in cache.layers:
+        if type(layer) is LinearAttentionLayer:
+            layer.reorder_cache(rows)
+        else:
+            layer.batch_select_indices(rows)
+
+
+def cut_back_rows(cache: DynamicCache, tokens: int, remove: torch.Tensor, cut: int) -> None:
+    """After a batch's verify of `tokens` tokens, in which row r rejected its last `remove[r]`: K/V layers keep rejected
+    tokens as holes (the caller's mask hides them) and lose only the last `cut` columns, those every row rejected.
+    Linear-attention layers, which must not have taken the rejected tokens in, go back per row to the states they
+    recorded (`record_past`): the conv state's last kernel width before those tokens, the recurrent state after the
+    row's accepted ones. Then, as their own `crop` does for every row alike, the record is dropped and the conv
+    states are a kernel wide again."""
+    for layer in cache.layers:
+        if type(layer) is not LinearAttentionLayer:
+            if cut:
+                layer.crop(-cut)
+            continue
+        if not layer.record_past:
+            raise RuntimeError("a batch's linear-attention layers must record their states (record_past) to be cut "
+                               "back")
+        layer.cumulative_length_linear.sub_(cut)
+        batch = torch.arange(remove.shape[0], device=remove.device)
+        for i in range(layer.number_of_states):
+            if layer.is_conv_states_initialized[i]:
+                conv, width = layer.conv_states[i], layer.conv_kernel_size[i]     # [rows, C, width + k]
+                at = (conv.shape[-1] - width - remove)[:, None, None] + torch.arange(width, device=conv.device)
+                layer.conv_states[i] = conv.gather(-1, at.expand(-1, conv.shape[1], -1))
+            if layer.is_recurrent_states_initialized[i]:
+                # the states after 0, 1, ... k - 1 of the verify's tokens, then after all k
+                history = layer.recurrent_states_history[i]
+                if len(history) != tokens:
+                    raise RuntimeError(f"a linear-attention layer recorded {len(history)} states in a verify of "
+                                       f"{tokens} tokens (record_past for at least as many)")
+                layer.recurrent_states[i] = torch.stack(list(history) + [layer.recurrent_states[i]])[tokens - remove,
+                                                                                                     batch]
+                layer.recurrent_states_history[i] = []
 
 
 def drop_outside_windows(cache: DynamicCache, valid: torch.Tensor, next_pos: torch.Tensor,

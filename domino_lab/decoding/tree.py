@@ -271,13 +271,15 @@ def compact_cache(cache, prefix: int, rows: list[int]) -> None:
 
     Gathering the accepted rows costs a few microseconds per layer; the alternative, cropping to the anchor and
     running the accepted drafts through the target again, costs a whole forward."""
-    from transformers.cache_utils import DynamicLayer
+    from transformers.cache_utils import DummyLayer, DynamicLayer
 
     from .kv_cache import GrowingLayer, WindowLayer
 
     keep = len(rows)
     contiguous = rows == list(range(keep))
     for layer in cache.layers:
+        if type(layer) is DummyLayer:                     # (a layer without a cache: MLP only)
+            continue
         # per-token state (linear attention): gathering rows is not enough (callers refuse such targets up front)
         if type(layer) not in (DynamicLayer, GrowingLayer, WindowLayer):
             raise UserError("tree verification needs a target whose cache layers are plain (no linear attention or "
