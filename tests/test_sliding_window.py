@@ -172,9 +172,10 @@ def test_linear_attention_targets_roll_back_chains_and_batch_rows_and_refuse_tre
         speculative_generate(target, d, prompt_ids=[5, 6, 7], max_new_tokens=8, tree_nodes=8)
 
 
-@pytest.mark.parametrize("family", ["bamba", "nemotron_h"])
+@pytest.mark.parametrize("family", ["bamba", "nemotron_h", "falcon_h1"])
 def test_mamba_hybrids_decode_exactly_in_chains_and_batches(family):
-    # Mamba-2 layers (Bamba), and Nemotron-H, whose MLP-only layers have no cache at all (a placeholder layer)
+    # Mamba-2 layers (Bamba, which counts positions from 0 in a forward not given them), Nemotron-H, whose MLP-only
+    # layers have no cache at all (a placeholder layer), and Falcon-H1, whose layers hold K/V and states in one
     import transformers as hf
 
     torch.manual_seed(0)
@@ -184,14 +185,20 @@ def test_mamba_hybrids_decode_exactly_in_chains_and_batches(family):
         model = hf.BambaForCausalLM(hf.BambaConfig(**common, num_hidden_layers=4, attn_layer_indices=[2],
                                                    mamba_n_heads=4, mamba_d_head=16, mamba_n_groups=1,
                                                    mamba_d_state=8, mamba_chunk_size=16))
+    elif family == "falcon_h1":
+        model = hf.FalconH1ForCausalLM(hf.FalconH1Config(**common, num_hidden_layers=4, head_dim=8, mamba_n_heads=4,
+                                                         mamba_d_head=16, mamba_n_groups=1, mamba_d_state=8,
+                                                         mamba_chunk_size=16, mamba_d_ssm=64))
     else:
         model = hf.NemotronHForCausalLM(hf.NemotronHConfig(**common, layers_block_type=["mamba", "attention", "mlp",
                                                                                         "mamba"], head_dim=8,
                                                            mamba_num_heads=4, mamba_head_dim=16, n_groups=1,
                                                            ssm_state_size=8))
     target = Target(model.to(torch.float64), None, mask_token_id=V - 1, taps=[1, 2])
+    seqs = greedy_sequences(target, 32, 30)
     d = Drafter.untrained(target, "domino", block_size=4)
-    prompts = [[5 + i, 9, 11 + 2 * i, 7][: 2 + i % 3] * (1 + i) for i in range(5)]
+    brief_train(d, seqs, steps=40)               # accepted drafts: rows cut back by different amounts
+    prompts = [seqs[i, : 3 + 3 * i].tolist() for i in range(5)]
     refs = [_hf_greedy(target, p) for p in prompts]
     assert [speculative_generate(target, d, prompt_ids=p, max_new_tokens=NEW).token_ids for p in prompts] == refs
     for drafter, slots in ((None, None), (d, None), (d, 2)):

@@ -186,7 +186,9 @@ def speculative_generate(target, drafter=None, prompt: str | None = None, prompt
             t1 = time.perf_counter()
             draft_list = drafts.tolist()
             # greedy without records reads only the target's argmax tokens (Target.greedy_tokens)
+            # positions given, not left to the model: some (Bamba's) count them from 0 in every forward without them
             out = target.forward(torch.tensor([[anchor] + draft_list], device=dev), cache=cache, taps=taps,
+                                 position_ids=torch.arange(start, start + 1 + len(draft_list), device=dev)[None],
                                  greedy=greedy and not topk)
             logits = out.logits[0] if out.logits is not None else None
             # the Gumbel noise of every verified position (the drafter's rows, and the bonus position's)

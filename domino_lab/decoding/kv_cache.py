@@ -38,11 +38,14 @@ from functools import partial
 
 import torch
 from transformers import DynamicCache
-from transformers.cache_utils import DummyLayer, DynamicLayer, DynamicSlidingWindowLayer, LinearAttentionLayer
+from transformers.cache_utils import (DummyLayer, DynamicLayer, DynamicSlidingWindowLayer,
+                                      LinearAttentionAndFullAttentionLayer, LinearAttentionLayer)
 
 from ..errors import UserError
 
 KINDS = ("growing", "dynamic")
+# linear-attention layers that batches cut back per row (`cut_back_rows`): states only, or states and K/V in one
+STATE_LAYERS = (LinearAttentionLayer, LinearAttentionAndFullAttentionLayer)
 _kind = "growing"
 MIN_ROOM = 64          # spare positions at least, so a batch-1 decode reallocates every 64 tokens at most
 
@@ -316,7 +319,7 @@ def check_layers(config, what: str, chain: bool = False, cache: DynamicCache | N
     special = [layer for layer in (cache if cache is not None else new_cache(config)).layers
                if type(layer) not in (DynamicLayer, GrowingLayer, WindowLayer, DummyLayer)]
     refused = sorted({type(layer).__name__ for layer in special
-                      if not (chain and _recordable(layer)) and not (rows and type(layer) is LinearAttentionLayer)})
+                      if not (chain and _recordable(layer)) and not (rows and type(layer) in STATE_LAYERS)})
     one_at_a_time = "decode it one sequence at a time with chain verification (tree nodes 0)"
     if refused:
         fix = f"{one_at_a_time}, or without a drafter" if all(map(_recordable, special)) and not chain else \
@@ -351,10 +354,11 @@ def _plain_layers(cache: DynamicCache) -> list:
 
 
 def _state_layers(cache: DynamicCache) -> list:
-    """The cache's linear-attention layers (a conv state and a recurrent state per row, no K/V). They count the
-    batch's columns too (`cumulative_length_linear`, which the model reads as the cache's length when the first layer
-    is one of them), so whatever adds or removes columns adjusts that count."""
-    return [layer for layer in cache.layers if type(layer) is LinearAttentionLayer]
+    """The cache's linear-attention layers (a conv state and a recurrent state per row; the hybrid kind holds K/V as
+    well, which the K/V functions treat as any). They count the batch's columns too (`cumulative_length_linear`, which
+    the model reads as the cache's length when the first layer is one of them), so whatever adds or removes columns
+    adjusts that count."""
+    return [layer for layer in cache.layers if type(layer) in STATE_LAYERS]
 
 
 def _columns(cache: DynamicCache) -> int:
@@ -439,8 +443,8 @@ def select_rows(cache: DynamicCache, rows: torch.Tensor) -> None:
     """Keep only these rows of every layer (`DynamicCache.batch_select_indices`, which linear-attention layers lack:
     their states are selected as for beam search)."""
     for layer in cache.layers:
-        if type(layer) is LinearAttentionLayer:
-            layer.reorder_cache(rows)
+        if type(layer) in STATE_LAYERS:
+            layer.reorder_cache(rows)       # (the hybrid kind's selects its K/V too)
         else:
             layer.batch_select_indices(rows)
 
@@ -453,7 +457,9 @@ def cut_back_rows(cache: DynamicCache, tokens: int, remove: torch.Tensor, cut: i
     row's accepted ones. Then, as their own `crop` does for every row alike, the record is dropped and the conv
     states are a kernel wide again."""
     for layer in cache.layers:
-        if type(layer) is not LinearAttentionLayer:
+        if type(layer) is LinearAttentionAndFullAttentionLayer and cut:
+            DynamicLayer.crop(layer, -cut)  # its K/V (its own crop would also cut every row's states alike)
+        if type(layer) not in STATE_LAYERS:
             if cut:
                 layer.crop(-cut)
             continue
