@@ -170,6 +170,13 @@ def test_linear_attention_targets_roll_back_chains_and_batch_rows_and_refuse_tre
         assert out.token_ids == refs, (drafter is not None, drafts, slots)
     with pytest.raises(UserError, match="LinearAttentionLayer layers .*chain verification"):
         speculative_generate(target, d, prompt_ids=[5, 6, 7], max_new_tokens=8, tree_nodes=8)
+    # what measures a decode's forwards cuts its cache back the same way (the thread choice for a small batched
+    # target, the sweep's step costs)
+    from domino_lab.experiments.timing import step_costs
+    from domino_lab.target import measure_threads
+
+    assert set(measure_threads(target, (1,), rows=2, reps=1, blocks=1)) == {1}
+    assert step_costs(target, d, ctx=16, reps=1, rounds=1)["verify_ms"] > 0
 
 
 @pytest.mark.parametrize("family", ["bamba", "nemotron_h", "falcon_h1"])

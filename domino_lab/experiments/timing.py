@@ -95,7 +95,7 @@ def step_costs(target, d, ctx: int = 128, reps: int = 10, rounds: int = 3) -> di
 
     Returns {"draft_ms", "verify_ms", "step_ms", "threads"}: speedup_bound(τ, step_ms, draft_ms, verify_ms) is the
     cost model's speedup at acceptance τ."""
-    from ..decoding.kv_cache import new_cache
+    from ..decoding.kv_cache import new_cache, record_past
     from ..target import decode_threads, torch_threads
 
     g = torch.Generator().manual_seed(0)
@@ -106,6 +106,7 @@ def step_costs(target, d, ctx: int = 128, reps: int = 10, rounds: int = 3) -> di
         cache = new_cache(target.model.config)
         target.forward(torch.randint(0, target.vocab_size, (1, ctx), generator=g).to(dev), cache=cache, taps=taps,
                        last_logits_only=True)
+        record_past(cache, k)               # as decoding does: linear-attention layers are cut back from the record
 
         def forward(n: int, with_taps: bool):
             ids = torch.randint(0, target.vocab_size, (1, n), generator=g).to(dev)
