@@ -179,10 +179,11 @@ def test_linear_attention_targets_roll_back_chains_and_batch_rows_and_refuse_tre
     assert step_costs(target, d, ctx=16, reps=1, rounds=1)["verify_ms"] > 0
 
 
-@pytest.mark.parametrize("family", ["bamba", "nemotron_h", "falcon_h1"])
+@pytest.mark.parametrize("family", ["bamba", "nemotron_h", "falcon_h1", "mamba"])
 def test_mamba_hybrids_decode_exactly_in_chains_and_batches(family):
     # Mamba-2 layers (Bamba, which counts positions from 0 in a forward not given them), Nemotron-H, whose MLP-only
-    # layers have no cache at all (a placeholder layer), and Falcon-H1, whose layers hold K/V and states in one
+    # layers have no cache at all (a placeholder layer), Falcon-H1, whose layers hold K/V and states in one, and
+    # Mamba alone (no attention: it applies a 2D mask to its inputs untrimmed, so its verifies get none)
     import transformers as hf
 
     torch.manual_seed(0)
@@ -192,6 +193,13 @@ def test_mamba_hybrids_decode_exactly_in_chains_and_batches(family):
         model = hf.BambaForCausalLM(hf.BambaConfig(**common, num_hidden_layers=4, attn_layer_indices=[2],
                                                    mamba_n_heads=4, mamba_d_head=16, mamba_n_groups=1,
                                                    mamba_d_state=8, mamba_chunk_size=16))
+    elif family == "mamba":
+        model = hf.MambaForCausalLM(hf.MambaConfig(vocab_size=V, hidden_size=32, state_size=8, num_hidden_layers=4,
+                                                   intermediate_size=64, eos_token_id=3, pad_token_id=0))
+        with torch.no_grad():                       # weights large enough that a wrong state changes the text
+            for p in model.parameters():
+                if p.dim() >= 2:
+                    p.normal_(0, 0.3)
     elif family == "falcon_h1":
         model = hf.FalconH1ForCausalLM(hf.FalconH1Config(**common, num_hidden_layers=4, head_dim=8, mamba_n_heads=4,
                                                          mamba_d_head=16, mamba_n_groups=1, mamba_d_state=8,
@@ -210,3 +218,22 @@ def test_mamba_hybrids_decode_exactly_in_chains_and_batches(family):
     assert [speculative_generate(target, d, prompt_ids=p, max_new_tokens=NEW).token_ids for p in prompts] == refs
     for drafter, slots in ((None, None), (d, None), (d, 2)):
         assert batched_generate(target, drafter, prompts, max_new_tokens=NEW, slots=slots).token_ids == refs
+
+
+def test_a_target_whose_layers_keep_no_state_per_token_is_refused_up_front():
+    # Zamba's Mamba layers update their state in place in a one-token forward and keep one state at most in a longer
+    # one, so rejected drafts cannot be undone from what they record
+    import transformers as hf
+
+    torch.manual_seed(0)
+    cfg = hf.ZambaConfig(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=8, num_attention_heads=4,
+                         num_key_value_heads=4, attention_head_dim=16, n_mamba_heads=2, mamba_d_state=8,
+                         mamba_dt_rank=4, attn_layer_period=3, attn_layer_offset=2, max_position_embeddings=512,
+                         eos_token_id=3, pad_token_id=0)
+    target = Target(hf.ZambaForCausalLM(cfg).to(torch.float64), None, mask_token_id=V - 1, taps=[1, 2])
+    d = Drafter.untrained(target, "domino", block_size=4)
+    for decode in (lambda: batched_generate(target, None, [[5, 6, 7], [8, 9]], max_new_tokens=6),
+                   lambda: speculative_generate(target, d, prompt_ids=[5, 6, 7], max_new_tokens=6)):
+        with pytest.raises(UserError, match=r"keep their state after each token .*\(zamba\)"):
+            decode()
+    assert len(speculative_generate(target, None, prompt_ids=[5, 6, 7], max_new_tokens=6).token_ids) == 6

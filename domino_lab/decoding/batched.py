@@ -25,8 +25,9 @@ from ..errors import UserError
 from ..validation import check_seed, check_token_ids
 from ..models.options import BATCH_DRAFTS
 from .adaptive import DraftCount
-from .kv_cache import (check_layers, cut_back_rows, drop_outside_windows, layer_masks, new_cache, place_rows,
-                       record_past, select_rows, stack_rows, trim_left, window_layout, window_offset)
+from .kv_cache import (attends, check_layers, check_recording, cut_back_rows, drop_outside_windows, layer_masks,
+                       new_cache, place_rows, record_past, select_rows, stack_rows, trim_left, window_layout,
+                       window_offset)
 from .lookup import copy_index, copy_inputs, draft_lookup
 
 PREFILL_SLACK = 1.25   # prompts prefilled in one forward: at most this many padded positions per real one
@@ -65,6 +66,7 @@ def check_batched_mode(drafter, temperature: float, top_p: float = 1.0, sampler:
     target = target if target is not None else drafter.target if drafter is not None else None
     if target is not None:
         check_layers(target.model.config, "batched decoding", rows=True)
+        check_recording(target, "batched decoding")
 
 
 def check_slots(slots: int | None) -> int | None:
@@ -165,11 +167,16 @@ def batched_generate(target, drafter, prompts_ids: list[list[int]], max_new_toke
     copiers = [None] * b if copy_k else None
     lengths: list[list[int]] = [[] for _ in range(b)]
     windows = window_layout(target.model.config) is not None
+    # a model of linear-attention or Mamba layers only: some (Mamba, FalconMamba) apply a 2D mask to their inputs
+    # untrimmed, which a verify's mask over every column would break
+    attending = attends(target.model.config)
 
     def verify_mask(valid: torch.Tensor, vpos: torch.Tensor):
         """The verify forward's attention mask: the validity of every column (holes and pads hidden) for Hugging
         Face to build the causal mask from; with sliding windows, which Hugging Face would count in columns, a
         full mask whose windows are counted in token positions (docs/design.md#sliding-window-targets)."""
+        if not attending:
+            return None                 # (no attention layer, and a verify's tokens are never padding)
         if not windows:
             return valid.long()
         q = vpos.shape[1]

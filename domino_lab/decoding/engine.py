@@ -17,7 +17,8 @@ from ..validation import check_seed, check_token_ids
 from .records import GenerationResult, StepRecord
 from . import tree as trees
 from .adaptive import PlainFallback
-from .kv_cache import check_layers, layer_masks, new_cache, record_past, window_layout, window_offset
+from .kv_cache import (check_layers, check_recording, layer_masks, new_cache, record_past, window_layout,
+                       window_offset)
 from .lookup import copy_index, copy_inputs, draft_lookup
 from .. import sampling
 
@@ -119,6 +120,7 @@ def speculative_generate(target, drafter=None, prompt: str | None = None, prompt
     cache = new_cache(target.model.config, capacity=capacity, bounded_windows=True)
     if drafter is not None and not tree_nodes:                  # (trees: check_tree_mode)
         check_layers(target.model.config, "speculative decoding", chain=True, cache=cache)
+        check_recording(target, "speculative decoding")
     out = target.forward(torch.tensor([ids], device=dev), cache=cache, taps=taps, last_logits_only=True,
                          greedy=greedy)
     if greedy:

@@ -28,8 +28,9 @@ Batched decoding with a queue of prompts (decoding/batched.py) also writes a new
 running batch (`place_rows`: in place, right-aligned, the row's older positions hidden by the attention mask), stacks
 the caches of prompts prefilled in groups (`stack_rows`, right-aligned, only those new rows copied), and rarely copies
 the batch: `widen` (zeros in front, for a prompt longer than the batch's positions), `trim_left` (leading
-positions no live row attends to any more) and `drop_outside_windows` hand the layer new tensors, which its next
-`update` copies into a fresh buffer, as after `batch_select_indices`.
+positions no live row attends to any more), `drop_outside_windows` and a window layer's `hold` hand the layer new
+tensors, which its next `update` copies into a fresh buffer, as after `batch_select_indices`. (Widening copies
+nothing in window layers, whose offset moves, or in linear-attention layers, which only count columns.)
 """
 from __future__ import annotations
 
@@ -204,8 +205,9 @@ class RowsWindowLayer(GrowingLayer):
     dropped. Rows keep rejected drafts as holes and join at any time, so what is dropped is decided from every row's
     positions (`drop_outside_windows`: the columns no live row's window reaches any more), not from a count of
     positions as in `WindowLayer`. A row that joins needs its last W − 1 prompt positions here (`put_rows` pads the
-    front with zeros when fewer columns are held; other rows' windows never reach those columns). Hugging Face builds
-    no masks for it: batches pass their own, the sliding layers' cut at `offset` (`layer_masks`)."""
+    front with zeros when fewer columns are held; other rows' windows never reach those columns). Verifies pass their
+    own masks, the sliding layers' cut at `offset` (`layer_masks`); only a prefill, at offset 0, has Hugging Face
+    build one from `get_mask_sizes`."""
 
     def __init__(self, window: int, capacity: int | None = None):
         super().__init__(capacity)
@@ -290,7 +292,8 @@ def layer_masks(config, mask: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Te
     a tree's ancestry) and the token positions of its queries [b, q] and keys [b, k]: `mask` itself without sliding
     windows; with them, the same mask also hiding keys a window or more behind the query, for every layer ("all")
     or, as a dict by layer type that such models take in place of building their own masks, for the sliding ones.
-    `dropped`: the leading key columns the sliding layers no longer hold (`WindowLayer.offset`), cut from their mask."""
+    `dropped`: the leading key columns the sliding layers no longer hold (`WindowLayer.offset` or
+    `RowsWindowLayer.offset`), cut from their mask."""
     layout = window_layout(config)
     if layout is None:
         return mask
@@ -329,6 +332,44 @@ def check_layers(config, what: str, chain: bool = False, cache: DynamicCache | N
     if not chain and window_layout(config) == "other":
         raise UserError(f"{what} supports full and sliding-window attention layers; this target has "
                         f"{sorted(set(config.layer_types))}: {one_at_a_time}")
+
+
+def attends(config) -> bool:
+    """Whether the target has any attention (K/V) layer; a model of linear-attention or Mamba layers only has none,
+    and its forwards then need no attention mask after the prefill."""
+    return any(type(layer) not in (LinearAttentionLayer, DummyLayer) for layer in new_cache(config).layers)
+
+
+def check_recording(target, what: str) -> None:
+    """Whether the target's linear-attention layers keep their state after each token of a forward when asked to
+    (`record_past`), which undoing rejected drafts relies on, or one clear error before any decoding. Most Hugging
+    Face models do; some (Zamba) update the state in place in a one-token forward and keep one state at most in a
+    longer one. Probed with three tokens: a forward of 2 and then of 1, each of which must leave that many states."""
+    if getattr(target, "records_states", False):
+        return                          # (probed before)
+    cache = new_cache(target.model.config)
+    if not any(_recordable(layer) for layer in cache.layers):
+        return
+    dev = target.device
+
+    def forward(n: int, start: int):
+        with torch.no_grad():
+            target.model(input_ids=torch.zeros(1, n, dtype=torch.long, device=dev), cache=cache, use_cache=True,
+                         position_ids=torch.arange(start, start + n, device=dev)[None])
+
+    forward(1, 0)
+    record_past(cache, 2)
+    for n, start in ((2, 1), (1, 3)):
+        forward(n, start)
+        kept = {len(layer.recurrent_states_history[i]) for layer in cache.layers if _recordable(layer)
+                for i in range(layer.number_of_states) if layer.is_recurrent_states_initialized[i]}
+        if kept and kept != {n}:
+            name = getattr(target.model.config, "model_type", type(target.model).__name__)
+            raise UserError(f"{what} needs a target whose linear-attention layers can keep their state after each "
+                            f"token of a forward, to undo rejected drafts; this one ({name}) does not: decode it "
+                            "without a drafter, one sequence at a time")
+        cache.crop(0)                   # (drops what was recorded)
+    target.records_states = True
 
 
 def record_past(cache: DynamicCache, tokens: int) -> bool:
@@ -416,7 +457,8 @@ def stack_rows(caches: list[DynamicCache]) -> DynamicCache:
 
 
 def widen(cache: DynamicCache, n: int) -> None:
-    """Put n zero positions in front of every row (room for a longer sequence to be right-aligned; a copy)."""
+    """Put n zero positions in front of every row (room for a longer sequence to be right-aligned; a copy of the
+    K/V layers; a window layer's offset moves instead, and linear-attention layers count n more columns)."""
     for layer in _plain_layers(cache):
         if type(layer) is RowsWindowLayer:
             layer.offset += n                   # (columns it does not hold; `put_rows` holds what a row needs)
