@@ -429,8 +429,8 @@ def put_rows(cache: DynamicCache, other: DynamicCache, rows: torch.Tensor) -> No
             a.hold(min(b.keys.shape[-2], a.window - 1))
         for name in ("keys", "values"):
             x, y = getattr(a, name), getattr(b, name)
-            # (a window layer may hold fewer columns: the row's earlier ones are outside its window)
-            n = min(x.shape[-2], y.shape[-2]) if type(a) is RowsWindowLayer else y.shape[-2]
+            # (only a window layer holds fewer columns: the row's earlier ones are outside its window)
+            n = min(x.shape[-2], y.shape[-2])
             x[rows, :, x.shape[-2] - n:] = y[..., y.shape[-2] - n:, :]
     for a, b in zip(_state_layers(cache), _state_layers(other), strict=True):
         for (x, i), (y, _) in zip(_states(a), _states(b), strict=True):
@@ -535,16 +535,17 @@ def drop_outside_windows(cache: DynamicCache, valid: torch.Tensor, next_pos: tor
     position. A key is seen while the query is less than a window past it, so a row needs the columns holding its
     positions from next_pos − W + 1 on."""
     layers = [layer for layer in cache.layers if type(layer) is RowsWindowLayer and layer.is_initialized]
-    for window in {layer.window for layer in layers}:
-        pos = valid.long().cumsum(-1) - 1
-        needed = (valid & (pos > next_pos[:, None] - window)).any(0)
-        lead = int(needed.long().argmax()) if needed.any() else valid.shape[1]
-        enough = least if least is not None else max(window // 4, min(window, MIN_ROOM))
+    if not layers:
+        return
+    window = layers[0].window               # (one per model: the config's, as in `layer_masks`)
+    pos = valid.long().cumsum(-1) - 1
+    needed = (valid & (pos > next_pos[:, None] - window)).any(0)
+    lead = int(needed.long().argmax()) if needed.any() else valid.shape[1]
+    if lead - layers[0].offset >= (least if least is not None else max(window // 4, min(window, MIN_ROOM))):
         for layer in layers:
             cut = lead - layer.offset
-            if layer.window == window and cut >= enough:
-                layer.keys, layer.values = layer.keys[..., cut:, :], layer.values[..., cut:, :]
-                layer.offset = lead
+            layer.keys, layer.values = layer.keys[..., cut:, :], layer.values[..., cut:, :]
+            layer.offset = lead
 
 
 def place_rows(cache: DynamicCache, valid: torch.Tensor, other: DynamicCache, other_valid: torch.Tensor,
