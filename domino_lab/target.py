@@ -172,6 +172,26 @@ def hub_reachable() -> bool:
     return True
 
 
+def own_cache_class(decoder: nn.Module) -> str | None:
+    """The name of the cache class a decoder's forward insists on when it is not Hugging Face's `DynamicCache`, which
+    every decoder of domino-lab passes (MiniMax and xLSTM keep their state in classes of their own and refuse any
+    other), else None. Read from the forward's annotation of `cache`, so no forward is needed to find out."""
+    import inspect
+    import typing
+
+    from transformers.cache_utils import DynamicCache
+
+    try:
+        param = inspect.signature(decoder.forward).parameters.get("cache")
+    except (TypeError, ValueError):
+        return None
+    if param is None:
+        return None
+    kinds = typing.get_args(param.annotation) or (param.annotation,)
+    own = [t for t in kinds if isinstance(t, type) and t is not type(None) and not issubclass(DynamicCache, t)]
+    return own[0].__name__ if own else None
+
+
 def _first_line(e: Exception) -> str:
     return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
 
@@ -224,6 +244,7 @@ class Target:
         # greedy tokens from a half-precision read of the LM head, exact (head_screen.py); False = the full head
         self._use_screen = head_screen
         self._screen: ArgmaxScreen | None = None
+        self.own_cache = own_cache_class(self.decoder)
 
     # ---- loading -------------------------------------------------------------------------------
     @classmethod
@@ -354,6 +375,8 @@ class Target:
         `logits_to_keep`, so anything the model does after its head still applies.
         `greedy`: return each row's argmax token (`tokens`) and no logits, which is all greedy decoding reads
         (`greedy_tokens`)."""
+        if cache is not None:
+            self.check_cache()
         tokens = None
         if logits_rows is None and not (greedy and self.screen is not None):
             keep = {"logits_to_keep": 1} if last_logits_only else {}
@@ -376,6 +399,16 @@ class Target:
         if taps is not None:
             feats = torch.cat([out.hidden_states[j + 1] for j in taps], dim=-1)
         return TargetOutput(logits, feats, hidden, tokens)
+
+    def check_cache(self) -> None:
+        """One clear error, before a decoder's first forward, for a target that refuses the cache every decoder here
+        builds (`own_cache_class`)."""
+        if self.own_cache is not None:
+            kind = getattr(self.model.config, "model_type", type(self.model).__name__)
+            raise UserError(f"target '{self.name}' ({kind}) keeps its decoding state in a cache class of its own "
+                            f"({self.own_cache}) and refuses any other; domino-lab's decoders need a cache they can "
+                            "cut back to any position to undo rejected drafts, so this model family cannot be "
+                            "decoded here (Hugging Face's `generate` can decode it)")
 
     @torch.no_grad()
     def greedy_tokens(self, hidden: torch.Tensor) -> torch.Tensor:

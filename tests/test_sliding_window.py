@@ -237,3 +237,32 @@ def test_a_target_whose_layers_keep_no_state_per_token_is_refused_up_front():
         with pytest.raises(UserError, match=r"keep their state after each token .*\(zamba\)"):
             decode()
     assert len(speculative_generate(target, None, prompt_ids=[5, 6, 7], max_new_tokens=6).token_ids) == 6
+
+
+@pytest.mark.parametrize("family", ["minimax", "xlstm"])
+def test_a_target_that_refuses_any_cache_but_its_own_is_refused_in_one_line(family):
+    # MiniMax and xLSTM keep their decoding state in cache classes of their own and refuse any other (a ValueError
+    # and an AttributeError from inside Hugging Face's forward before this check)
+    import transformers as hf
+
+    torch.manual_seed(0)
+    if family == "minimax":
+        model = hf.MiniMaxForCausalLM(hf.MiniMaxConfig(
+            vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=8, num_local_experts=2, num_experts_per_tok=1, block_size=16,
+            layer_types=["linear_attention", "full_attention"], max_position_embeddings=512))
+    else:
+        model = hf.xLSTMForCausalLM(hf.xLSTMConfig(vocab_size=V, hidden_size=32, embedding_dim=32, num_hidden_layers=2,
+                                                   num_heads=2, mode="inference"))
+    target = Target(model, None, mask_token_id=V - 1, taps=[0])
+    assert target.own_cache is not None
+    d = Drafter.untrained(target, "domino", block_size=4)
+    for decode in (lambda: speculative_generate(target, None, prompt_ids=[5, 6, 7], max_new_tokens=4),
+                   lambda: speculative_generate(target, d, prompt_ids=[5, 6, 7], max_new_tokens=4),
+                   lambda: batched_generate(target, d, [[5, 6, 7], [8, 9]], max_new_tokens=4)):
+        with pytest.raises(UserError, match=rf"\({family}\) keeps its decoding state in a cache class of its own"):
+            decode()
+    # every target of the other families accepts the decoders' cache
+    assert Target(Qwen2ForCausalLM(Qwen2Config(vocab_size=V, hidden_size=32, intermediate_size=64,
+                                               num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)),
+                  None, mask_token_id=V - 1, taps=[0]).own_cache is None

@@ -347,6 +347,7 @@ def check_recording(target, what: str) -> None:
     longer one. Probed with three tokens: a forward of 2 and then of 1, each of which must leave that many states."""
     if getattr(target, "records_states", False):
         return                          # (probed before)
+    target.check_cache()
     cache = new_cache(target.model.config)
     if not any(_recordable(layer) for layer in cache.layers):
         return
