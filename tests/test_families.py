@@ -79,3 +79,26 @@ def test_chunked_attention_decodes_as_a_chain_and_refuses_trees_and_batches():
         speculative_generate(target, drafter, prompt_ids=[5, 6], max_new_tokens=4, tree_nodes=8)
     with pytest.raises(UserError, match="chunked_attention"):
         batched_generate(target, drafter, [[5, 6]], max_new_tokens=4)
+
+
+def test_batches_reaching_the_end_of_the_context_stay_inside_it():
+    # rows of different prompt lengths run into the target's context, each at its own step, while the batch verifies
+    # a whole block for every row: a row near its end must not be given positions past the context (GPT-2's learned
+    # position table has no row for them), and every row still equals its own greedy decoding up to the context
+    config_cls, model_cls, kwargs = FAMILIES["gpt2"]
+    torch.manual_seed(0)
+    ctx = 48
+    target = Target(model_cls(config_cls(**dict(kwargs, n_positions=ctx))).to(torch.float64), None,
+                    mask_token_id=V - 1, taps=[1, 2])
+    target.eos_token_ids = set()                  # (so that every row runs into the context)
+    drafter = Drafter.untrained(target, "domino", block_size=8)
+    seen = []
+    forward = target.forward
+    target.forward = lambda *a, **k: seen.append(k.get("position_ids")) or forward(*a, **k)
+    prompts = [[5 + i] * (4 + 5 * i) for i in range(4)]
+    refs = [speculative_generate(target, None, prompt_ids=p, max_new_tokens=ctx).token_ids for p in prompts]
+    assert [len(p) + len(r) for p, r in zip(prompts, refs)] == [ctx] * 4      # every row fills the context
+    for drafts in ("all", "adaptive"):
+        out = batched_generate(target, drafter, prompts, max_new_tokens=ctx, drafts=drafts)
+        assert out.token_ids == refs, drafts
+    assert max(int(p.max()) for p in seen if p is not None) == ctx - 1

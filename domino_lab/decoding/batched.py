@@ -394,8 +394,12 @@ def batched_generate(target, drafter, prompts_ids: list[list[int]], max_new_toke
         verify_ids = torch.cat([anchor[:, None], drafted], dim=1)
         vpos = start[:, None] + torch.arange(k, device=dev)
         valid = torch.cat([valid, torch.ones(len(live), k, dtype=torch.bool, device=dev)], dim=1)
+        # Every row verifies the block of the row with the most room left, so a row near the end of the context
+        # has drafts past it; nothing past its budget is committed (sampling.commit), but a model must still be given
+        # positions it has (a learned position table ends there): those tokens get the last one. The rows' needed
+        # outputs precede them in the columns, so they never read them.
         out = target.forward(verify_ids, cache=cache, taps=taps, attention_mask=verify_mask(valid, vpos),
-                             position_ids=vpos, greedy=noise is None)
+                             position_ids=vpos.clamp(max=target.max_length - 1), greedy=noise is None)
         best = out.tokens if noise is None else choose(out.logits, live, start + 1)
         acc, nxt = sampling.greedy_accept(drafted, best)
         t2 = time.perf_counter()

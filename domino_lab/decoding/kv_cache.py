@@ -328,7 +328,7 @@ def check_layers(config, what: str, chain: bool = False, cache: DynamicCache | N
         fix = f"{one_at_a_time}, or without a drafter" if all(map(_recordable, special)) and not chain else \
             "decode it without a drafter"
         raise UserError(f"{what} needs a target whose K/V cache can be cut back to any position; this one has "
-                        f"{', '.join(refused)} layers (per-token state): {fix}")
+                        f"{', '.join(refused)} layers (a recurrent state, as linear attention and Mamba keep): {fix}")
     if not chain and window_layout(config) == "other":
         raise UserError(f"{what} supports full and sliding-window attention layers; this target has "
                         f"{sorted(set(config.layer_types))}: {one_at_a_time}")
