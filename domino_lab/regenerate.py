@@ -1,6 +1,6 @@
 """`python -m domino_lab.regenerate`: the target writes the responses its drafter will learn from.
 
-    python -m domino_lab.regenerate --target default --out DIR [--n-math N] [--n-code N]
+    python -m domino_lab.regenerate --target default --out DIR [--n-math N] [--n-code N] [--n-prose N]
         [--prompts SET_OR_JSONL] [--max-new-tokens 256] [--temperature 0] [--batch-size 16] [--seed 0]
 
 The argument parsing only; the work (batched generation, the resumable work log, the dataset layout) is
@@ -26,6 +26,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True, help="output folder (a datasets dataset + meta.json)")
     ap.add_argument("--n-math", type=int, default=2000, help="math prompts from the training seeds")
     ap.add_argument("--n-code", type=int, default=2000, help="function-header prompts from training stdlib files")
+    ap.add_argument("--n-prose", type=int, default=0,
+                    help="openings of comments and docstrings of training stdlib files (prose the target answers "
+                         "with loops of its own; docs/design.md#prose-domain)")
     ap.add_argument("--prompts", default=None,
                     help="instead of the training splits, use these prompts: a JSONL file of {id, prompt} "
                          "or an eval set name (for analysis only: never train on eval prompts)")
@@ -45,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     # Validate everything cheap before loading a model, so bad input fails in a second.
-    for flag, v, lo in (("--n-math", args.n_math, 0), ("--n-code", args.n_code, 0),
+    for flag, v, lo in (("--n-math", args.n_math, 0), ("--n-code", args.n_code, 0), ("--n-prose", args.n_prose, 0),
                         ("--max-new-tokens", args.max_new_tokens, 1), ("--batch-size", args.batch_size, 1)):
         if v < lo:
             raise UserError(f"{flag} must be at least {lo}, got {v}")
@@ -68,9 +71,9 @@ def main(argv: list[str] | None = None) -> int:
         domain = args.prompts if args.prompts in EVAL_SETS else "custom"
         prompts = [dict(p, domain=domain) for p in load_eval_set(args.prompts, cache_dir=args.cache_dir)]
     else:
-        if args.n_math + args.n_code == 0:
-            raise UserError("nothing to do: --n-math and --n-code are both 0")
-        prompts = training_prompts(args.n_math, args.n_code, cache_dir=args.cache_dir)
+        if args.n_math + args.n_code + args.n_prose == 0:
+            raise UserError("nothing to do: --n-math, --n-code and --n-prose are all 0")
+        prompts = training_prompts(args.n_math, args.n_code, cache_dir=args.cache_dir, n_prose=args.n_prose)
     if args.threads:
         import torch
 

@@ -266,3 +266,24 @@ def test_regime_map_times_chains_and_trees_and_projects_the_tree_gain(tmp_path):
     with pytest.raises(UserError, match="--tree-nodes"):
         mod.main(["--quick", "--tree-nodes", "-1", "--out", str(tmp_path / "bad")])
     assert not (tmp_path / "bad.md").exists()
+
+
+def test_prose_prompts_script_writes_the_library_prompts(tmp_path):
+    """experiments/prose_prompts.py writes `domino_lab.data.prose.prose_prompts` as JSONL (the prose-data experiment's
+    data); bad input is one error line."""
+    import importlib.util
+    import json
+
+    from domino_lab.data.prose import prose_prompts
+    from domino_lab.errors import UserError
+
+    path = Path(__file__).resolve().parents[1] / "experiments" / "prose_prompts.py"
+    spec = importlib.util.spec_from_file_location("prose_prompts_script", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    out = tmp_path / "p.jsonl"
+    mod.main(["--n", "50", "--out", str(out)])
+    assert [json.loads(line) for line in out.read_text().splitlines()] == prose_prompts("train", 50)
+    with pytest.raises(UserError, match="--n must be"):
+        mod.main(["--n", "0", "--out", str(tmp_path / "q.jsonl")])
+    assert not (tmp_path / "q.jsonl").exists()

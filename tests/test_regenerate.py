@@ -301,6 +301,10 @@ def test_training_prompts_come_from_training_splits():
     for p in ps[5:]:
         assert not is_heldout_path(p["id"][len("code/"):].rsplit(":", 1)[0])
         assert "def " in p["prompt"] and len(p["prompt"]) <= MAX_CONTEXT_CHARS
+    prose = training_prompts(0, 0, n_prose=6)
+    assert [p["domain"] for p in prose] == ["prose"] * 6 and len({p["id"] for p in prose}) == 6
+    assert all(p["prompt"].startswith(("# ", '"""')) for p in prose)
+    assert training_prompts(2, 3, n_prose=6)[5:] == prose          # the third domain follows the other two
 
 
 def _bad_args(tmp_path: Path, case: str) -> list[str]:
@@ -311,10 +315,12 @@ def _bad_args(tmp_path: Path, case: str) -> list[str]:
         "out_under_file": ["--prompts", "humaneval", "--out", str(afile / "sub")],
         "bad_batch": ["--batch-size", "0", "--out", str(tmp_path / "o")],
         "bad_jsonl": ["--prompts", str(afile), "--out", str(tmp_path / "o")],
+        "bad_prose": ["--n-prose", "-1", "--out", str(tmp_path / "o")],
+        "nothing": ["--n-math", "0", "--n-code", "0", "--out", str(tmp_path / "o")],
     }[case]
 
 
-@pytest.mark.parametrize("case", ["unknown_set", "out_under_file", "bad_batch", "bad_jsonl"])
+@pytest.mark.parametrize("case", ["unknown_set", "out_under_file", "bad_batch", "bad_jsonl", "bad_prose", "nothing"])
 def test_cli_bad_input_exits_2_with_one_error_line(tmp_path, case, capsys):
     from domino_lab.errors import run_cli
     from domino_lab.regenerate import main
@@ -363,3 +369,24 @@ def test_generation_uses_the_growing_cache_unless_the_model_asks_for_its_own(tar
     monkeypatch.setattr(target.model.generation_config, "cache_implementation", "static")
     regenerate(target, prompts[:2], tmp_path / "s", max_new_tokens=4, batch_size=2, progress=False)
     assert seen == [None]
+
+
+def test_prose_prompts_open_comments_and_docstrings_of_training_files_only():
+    from domino_lab.data.corpora import is_heldout_path
+    from domino_lab.data.prose import candidates, prose_prompts
+
+    rows = prose_prompts("train", 300)
+    assert len(rows) == 300 and len({r["prompt"] for r in rows}) == 300
+    assert {r["kind"] for r in rows} == {"comment", "doc"}
+    assert not any(is_heldout_path(r["source"]) for r in rows)
+    assert prose_prompts("train", 300) == rows and prose_prompts("train", 300, seed=1) != rows
+    import random
+
+    text = 'def f():\n    """Return the sum of two numbers given."""\n    # add them up and hand the result back\n'
+    got = candidates([("m.py", text)], random.Random(0))
+    assert {k for k, _, _ in got} == {"doc", "comment"}
+    for kind, src, prompt in got:
+        words = prompt.split()
+        assert src == "m.py" and (prompt.startswith('"""Return') if kind == "doc" else words[:2] == ["#", "add"])
+        assert 2 <= len(words) - (kind == "comment") <= (5 if kind == "doc" else 4)
+    assert candidates([("m.py", "# short one\n")], random.Random(0)) == []   # too short to be prose

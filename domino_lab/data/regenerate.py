@@ -45,10 +45,11 @@ _DATASET_STATE = "state.json"
 
 # ----------------------------------------------------------------------------- prompts
 
-def training_prompts(n_math: int, n_code: int, cache_dir=None) -> list[dict]:
-    """Prompts from the TRAINING splits: `format_prompt` of the first `n_math` train seeds and
+def training_prompts(n_math: int, n_code: int, cache_dir=None, n_prose: int = 0) -> list[dict]:
+    """Prompts from the TRAINING splits: `format_prompt` of the first `n_math` train seeds,
     `n_code` function-header prompts of the training stdlib files (built exactly like the `code`
-    eval set, so training and evaluation prompts have the same shape)."""
+    eval set, so training and evaluation prompts have the same shape) and `n_prose` openings of their
+    comments and docstrings (`prose.prose_prompts`)."""
     from .eval_sets import code_prompts, math_prompts
 
     out: list[dict] = []
@@ -60,6 +61,14 @@ def training_prompts(n_math: int, n_code: int, cache_dir=None) -> list[dict]:
             raise UserError(f"the training stdlib files yield only {len(code)} function prompts; "
                             f"use --n-code {len(code)} or less")
         out += [dict(p, domain="code") for p in code]
+    if n_prose:
+        from .prose import prose_prompts
+
+        prose = prose_prompts("train", n_prose, cache_dir=cache_dir)
+        if len(prose) < n_prose:
+            raise UserError(f"the training stdlib files yield only {len(prose)} prose prompts; "
+                            f"use --n-prose {len(prose)} or less")
+        out += [{"id": p["id"], "prompt": p["prompt"], "domain": "prose"} for p in prose]
     return out
 
 
