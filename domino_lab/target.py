@@ -375,7 +375,7 @@ class Target:
         `logits_to_keep`, so anything the model does after its head still applies.
         `greedy`: return each row's argmax token (`tokens`) and no logits, which is all greedy decoding reads
         (`greedy_tokens`)."""
-        if cache is not None:
+        if cache is not None and self.own_cache is not None:
             self.check_cache()
         tokens = None
         if logits_rows is None and not (greedy and self.screen is not None):

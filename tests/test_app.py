@@ -383,7 +383,6 @@ def test_cli_binds_localhost_by_default_and_rejects_bad_drafter(tmp_path):
     assert r.returncode == 2 and r.stderr.startswith("error: --drafter") and "Traceback" not in r.stderr
 
 
-
 def _ipv6_loopback_port() -> int | None:
     try:
         with socket.socket(socket.AF_INET6) as s:

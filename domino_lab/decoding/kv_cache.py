@@ -347,16 +347,14 @@ def check_recording(target, what: str) -> None:
     longer one. Probed with three tokens: a forward of 2 and then of 1, each of which must leave that many states."""
     if getattr(target, "records_states", False):
         return                          # (probed before)
-    target.check_cache()
     cache = new_cache(target.model.config)
     if not any(_recordable(layer) for layer in cache.layers):
         return
     dev = target.device
 
     def forward(n: int, start: int):
-        with torch.no_grad():
-            target.model(input_ids=torch.zeros(1, n, dtype=torch.long, device=dev), cache=cache, use_cache=True,
-                         position_ids=torch.arange(start, start + n, device=dev)[None])
+        target.forward(torch.zeros(1, n, dtype=torch.long, device=dev), cache=cache, last_logits_only=True,
+                       position_ids=torch.arange(start, start + n, device=dev)[None])
 
     forward(1, 0)
     record_past(cache, 2)
