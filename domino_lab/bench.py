@@ -33,6 +33,7 @@ OURS = ("ar", "dflash", "domino-eager", "domino-fast", "domino-compiled", "domin
 HEAD_VARIANTS = {"domino-eager": ("eager", 0), "domino-fast": ("fast", None),    # method -> (impl, pool)
                  "domino-compiled": ("compiled", None)}
 TREE_METHODS = {"dflash-tree": "dflash", "domino-tree": "domino"}   # method -> the drafter slot it verifies as a tree
+DEFAULT_METHODS = tuple(m for m in METHODS if m != "domino-compiled")
 DEFAULT_TREE_NODES = 32
 
 
@@ -345,9 +346,10 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--target", default="default")
     p.add_argument("--sets", nargs="+", default=["math", "humaneval"], help="eval set names or JSONL files")
-    p.add_argument("--methods", nargs="+", default=[m for m in METHODS if m != "domino-compiled"], choices=METHODS,
-                   metavar="METHOD", help=f"any of {', '.join(METHODS)} (default: all but domino-compiled, whose "
-                                          "first call compiles for about a minute)")
+    p.add_argument("--methods", nargs="+", choices=METHODS, metavar="METHOD",
+                   help=f"any of {', '.join(METHODS)} (default: all but domino-compiled, whose first call compiles "
+                        "for about a minute, and those that cannot run on this target, e.g. trees on a target with "
+                        "linear-attention layers; named ones that cannot run are an error)")
     p.add_argument("--domino", default="default", help="drafter for `domino` (checkpoint dir or shipped name)")
     p.add_argument("--dflash", default="default-dflash", help="drafter for `dflash`")
     p.add_argument("--assistant", default="default-assistant", help="assistant model for `hf-assisted`")
@@ -506,6 +508,9 @@ def load_assistant(spec: str, target, dtype):
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    named = args.methods is not None         # methods the user asked for fail loudly; defaults are skipped instead
+    if not named:
+        args.methods = list(DEFAULT_METHODS)
     if args.quick:
         args.limit, args.max_new_tokens, args.warmup = args.limit or 2, 16, 1
     for flag in ("max_new_tokens", "prompt_lookup_tokens"):
@@ -513,7 +518,9 @@ def main(argv: list[str] | None = None) -> int:
             raise UserError(f"--{flag.replace('_', '-')} must be at least 1")
     from .decoding.tree import check_tree_nodes
 
-    if check_tree_nodes(args.tree_nodes, "--tree-nodes") == 0 and set(TREE_METHODS) & set(args.methods):
+    if check_tree_nodes(args.tree_nodes, "--tree-nodes") == 0 and not named:
+        args.methods = [m for m in args.methods if m not in TREE_METHODS]      # 0 nodes = chains only
+    if args.tree_nodes == 0 and set(TREE_METHODS) & set(args.methods):
         raise UserError("--tree-nodes must be >= 1 for the dflash-tree and domino-tree methods (0 is the chain: "
                         "bench dflash / domino for that)")
     if any(x < 1 for x in args.batch_sizes):
@@ -565,11 +572,28 @@ def main(argv: list[str] | None = None) -> int:
     target = Target.from_pretrained(args.target, dtype=args.dtype)
     use_decode_threads(target, args.threads)
     drafters = {m: load_drafter(spec, target, options=o) for m, (spec, o) in specs.items()}
-    for m in TREE_METHODS:
+    skipped: dict[str, str] = {}     # default methods this target cannot run -> why
+
+    def skip(method: str, error: UserError) -> None:
+        if named:
+            raise error
+        skipped[method] = str(error)
+        print(f"skipping {method}: {error}", file=sys.stderr)
+
+    for m in TREE_METHODS:          # a target whose layers a tree cannot verify: one error up front
         if m in drafters:
-            check_tree_mode(drafters[m])          # a target whose layers a tree cannot verify: one error up front
-    assistant = load_assistant(args.assistant, target, args.dtype) if "hf-assisted" in args.methods else None
-    methods = [m for m in METHODS if m in args.methods] + extra
+            try:
+                check_tree_mode(drafters[m])
+            except UserError as e:
+                skip(m, e)
+                del drafters[m], specs[m]
+    assistant = None
+    if "hf-assisted" in args.methods:
+        try:
+            assistant = load_assistant(args.assistant, target, args.dtype)
+        except UserError as e:
+            skip("hf-assisted", e)
+    methods = [m for m in METHODS if m in args.methods and m not in skipped] + extra
     if "ar" not in methods:
         methods.insert(0, "ar")     # the reference for losslessness and speedup
     b = Bench(target, methods, drafters, assistant, args.max_new_tokens, args.prompt_lookup_tokens, args.tree_nodes,
@@ -593,7 +617,7 @@ def main(argv: list[str] | None = None) -> int:
             # (exact; docs/design.md#greedy-head-screen); the hf methods always read the full head
             "lm_head": "screen" if target.screen is not None else "full",
             # the batch-1 rows ran with the machine line's threads, batched decoding with these per batch size
-            "batched_threads": b.batch_threads, "batched_continuous": args.continuous}
+            "batched_threads": b.batch_threads, "batched_continuous": args.continuous, "skipped": skipped}
     md = table(results)
     # block drafters verified as chains with their own head path: what the regime map's costs are of
     chains = [m for m in methods if m in drafters and hasattr(drafters[m], "tree_expander")
@@ -619,6 +643,7 @@ def main(argv: list[str] | None = None) -> int:
     text = (f"`{meta['command']}`\n\n{meta['machine']}; {meta['date']}; {meta['wall_s']} s; {smp.describe()}"
             + (f"; greedy LM head: {meta['lm_head']}" if smp.temperature == 0 else "") + f"\n\n{md}\n\n"
             + ("\n".join(notes) + "\n\n" if notes else agreement(smp) + "\n\n")
+            + "".join(f"Skipped `{m}` (not named in --methods): {why}\n\n" for m, why in skipped.items())
             + (f"Batched decoding (ragged acceptance; "
                + ("each set one queue through that many slots" if args.continuous
                   else "same prompts in consecutive batches") + "; torch threads per batch "

@@ -5,8 +5,15 @@
 One `python -m domino_lab.train` process per (recipe, seed), all with the same regenerated data, steps and
 seeds; `--parallel 2` runs two at a time with one torch thread each (2 cores). Finished runs (result.json)
 are skipped, so rerunning after an interruption continues. `--ship` copies seed 0's best-by-val/τ drafters
-of each recipe to domino_lab/assets (SHIP below: `domino_copy` and `dflash_copy` ship as `default` and
-`default-dflash`, `domino` and `dflash` as `default-nocopy` and `default-dflash-nocopy`). Writes
+of each recipe to domino_lab/assets (SHIP below). The shipped drafters come in two stages:
+
+    python experiments/train_default_drafters.py --recipes domino_copy dflash_copy eagle --seeds 0 \
+        --runs-dir runs/long4k --ship max_steps=4000                 # stage 1: default-mc, default-dflash-mc, ...
+    python experiments/train_default_drafters.py --recipes domino_prose dflash_prose eagle_prose --seeds 0 \
+        --runs-dir runs/prose-ship --ship                          # stage 2: default, default-dflash, default-eagle
+
+Stage 2 starts from stage 1's shipped drafters (the recipes' drafter.init_from) and keeps their FR-Spec lists;
+`domino` and `dflash` ship as `default-nocopy` and `default-dflash-nocopy`. Writes
 experiments/results/drafters_training.{md,json} and a plot of the base loss with and without the curriculum (the
 paper's ablation, its Figure 3 in kind).
 """
@@ -29,8 +36,12 @@ CONFIGS = ROOT / "experiments" / "configs"
 RESULTS = ROOT / "experiments" / "results"
 # recipe -> (asset folder, the name it ships under; models/drafter.py#SHIPPED_DRAFTERS)
 SHIP = {"domino": ("drafter-domino", "default-nocopy"), "dflash": ("drafter-dflash", "default-dflash-nocopy"),
-        "eagle": ("drafter-eagle", "default-eagle"), "domino_copy": ("drafter-domino-copy", "default"),
-        "dflash_copy": ("drafter-dflash-copy", "default-dflash")}
+        "eagle": ("drafter-eagle", "default-eagle-mc"), "domino_copy": ("drafter-domino-copy", "default-mc"),
+        "dflash_copy": ("drafter-dflash-copy", "default-dflash-mc"),
+        # stage 2: the `*-mc` drafters above, fine-tuned with prose in the data (docs/design.md#prose-domain)
+        "domino_prose": ("drafter-domino-prose", "default"), "dflash_prose": ("drafter-dflash-prose", "default-dflash"),
+        "eagle_prose": ("drafter-eagle-prose", "default-eagle")}
+RESULTS_OF = {m: "experiments/results/prose_data.md" for m in ("domino_prose", "dflash_prose", "eagle_prose")}
 
 
 def run_dir(runs: Path, recipe: str, seed: int) -> Path:
@@ -117,7 +128,10 @@ def ship(args, argv) -> None:
         cfg = load_config(TrainConfig, str(CONFIGS / f"{method}.yaml"), [f"seed={args.seeds[0]}"])
         d = load_drafter(str(src / "best"), target)
         note = ""
-        if args.frspec_k:
+        if d.config.frspec_k:         # warm-started from a drafter that had a list: it trained with that one
+            note = (f" It drafts over the FR-Spec list of {d.config.frspec_k} tokens it was warm-started with "
+                    "(verification always scores the whole vocabulary; `--full-vocab` drafts over all of it).")
+        elif args.frspec_k:
             dm = DrafterDataModule(cfg.data, seed=cfg.seed)
             dm.setup("fit")           # the list comes from the training split, as in training with frspec_k
             d = restrict(d, frequent_tokens(dm.train_rows, args.frspec_k, d.config.vocab_size))
@@ -129,11 +143,13 @@ def ship(args, argv) -> None:
         (dst / "README.md").write_text(
             f"# `{name}` drafter ({method})\n\n"
             f"Trained on the embedded default target with recipe `experiments/configs/{method}.yaml`, seed "
-            f"{args.seeds[0]}, {res['steps']} steps (`python experiments/train_default_drafters.py` trains the "
+            f"{args.seeds[0]}, {res['steps']} steps"
+            + (f" from the shipped `{cfg.drafter.init_from}`" if cfg.drafter.init_from else "")
+            + " (`python experiments/train_default_drafters.py` trains the "
             f"recipes; run folder `{src.name}`); shipped by "
             f"`{command}` "
             f"at the best validation τ ({res['best_tau']:.3f} on the recipe's validation prompts).{note} Results "
-            f"over seeds and eval sets: `experiments/results/drafters*.md`.\n")
+            f"over seeds and eval sets: `{RESULTS_OF.get(method, 'experiments/results/drafters*.md')}`.\n")
         print(f"[ship] {src / 'best'} -> {dst}", file=sys.stderr)
 
 

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from domino_lab.errors import UserError
+from domino_lab.models.drafter import SHIPPED_DRAFTERS
 
-ROOT = Path(__file__).resolve().parent.parent
-SHIPPED_DRAFTER = ROOT / "domino_lab" / "assets" / "drafter-domino-copy"
+SHIPPED_DRAFTER = SHIPPED_DRAFTERS["default"]
 
 
 def _nothing_in(folder: Path) -> bool:

@@ -269,3 +269,48 @@ def test_inference_cli_batched(dirs, tmp_path, capsys):
     with pytest.raises(UserError, match="--batch-size must be at least 1"):
         main(base + ["--out", str(tmp_path / "bad.jsonl"), "--batch-size", "0"])
     assert not (tmp_path / "bad.jsonl").exists()
+
+
+def test_default_methods_skip_what_the_target_cannot_run(dirs, tmp_path, capsys):
+    """A target with linear-attention layers: trees cannot verify on it and the shipped assistant shares no
+    vocabulary with it. Left to its defaults the bench runs every other method and says what it skipped; naming a
+    method it cannot run is one error line."""
+    import shutil
+
+    import torch
+    from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
+
+    from domino_lab.bench import main
+
+    root, tdir, _, prompts = dirs
+    hdir = tmp_path / "hybrid"
+    shutil.copytree(tdir, hdir, ignore=shutil.ignore_patterns("model.safetensors", "config.json"))
+    vocab = Target.from_pretrained(tdir).vocab_size
+    torch.manual_seed(0)
+    Qwen3NextForCausalLM(Qwen3NextConfig(
+        vocab_size=vocab, hidden_size=32, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=8, intermediate_size=64, mlp_only_layers=[0, 1, 2, 3], linear_num_value_heads=2,
+        linear_num_key_heads=2, linear_key_head_dim=8, linear_value_head_dim=8, max_position_embeddings=256,
+        eos_token_id=Target.from_pretrained(tdir).tokenizer.eos_token_id)).save_pretrained(hdir)
+    target = Target.from_pretrained(str(hdir), dtype="float64")
+    for method in ("domino", "dflash"):
+        Drafter.untrained(target, method, seed=1).save_pretrained(tmp_path / method)
+    common = ["--target", str(hdir), "--dtype", "float64", "--sets", prompts, "--quick", "--domino",
+              str(tmp_path / "domino"), "--dflash", str(tmp_path / "dflash")]
+    out = tmp_path / "bench"
+    assert main(common + ["--out", str(out)]) == 0
+    doc = json.loads((out / "bench.json").read_text())
+    res, skipped = doc["results"]["prompts"], doc["meta"]["skipped"]
+    assert set(skipped) == {"dflash-tree", "domino-tree", "hf-assisted"}
+    assert "LinearAttentionLayer" in skipped["domino-tree"] and "vocabulary" in skipped["hf-assisted"]
+    assert {"ar", "hf", "hf-prompt-lookup", "dflash", "domino-eager", "domino-fast", "domino"} == {m for m in res if not m.startswith("_")}
+    for m in ("dflash", "domino", "domino-eager"):
+        assert res[m]["lossless"]["equal"] == res[m]["lossless"]["total"] == 2, m
+    assert "Skipped `domino-tree`" in (out / "bench.md").read_text()
+    assert "skipping dflash-tree" in capsys.readouterr().err
+
+    with pytest.raises(SystemExit) as e:
+        run_cli(main, common + ["--out", str(tmp_path / "named"), "--methods", "ar", "domino-tree"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 1 and "LinearAttentionLayer" in err[0]
+    assert not (tmp_path / "named").exists()

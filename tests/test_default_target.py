@@ -41,14 +41,18 @@ def test_speculative_equals_plain_on_default(target):
         assert spec.token_ids == plain.token_ids
 
 
-@pytest.mark.parametrize("name", ["default", "default-dflash", "default-nocopy", "default-dflash-nocopy"])
+@pytest.mark.parametrize("name", ["default", "default-dflash", "default-eagle", "default-mc", "default-dflash-mc",
+                                  "default-eagle-mc", "default-nocopy", "default-dflash-nocopy"])
 def test_shipped_drafters_are_lossless_and_accept(target, name):
     """The shipped drafters load by name, stay lossless on the default target, and actually get drafts accepted."""
     from domino_lab.models import load_drafter
 
     d = load_drafter(name, target)
-    assert d.config.method == ("dflash" if "dflash" in name else "domino")
-    assert bool(d.config.copy_ngram) != name.endswith("-nocopy")       # the shipped block drafters copy
+    method = next((m for m in ("dflash", "eagle") if m in name), "domino")
+    assert d.config.method == method
+    if method != "eagle":
+        assert bool(d.config.copy_ngram) != name.endswith("-nocopy")       # the shipped block drafters copy
+    assert d.config.frspec_k == 1024
     taus = []
     for row in load_eval_set("math", limit=3) + load_eval_set("humaneval", limit=2):
         plain = speculative_generate(target, None, prompt=row["prompt"], max_new_tokens=32)

@@ -25,11 +25,17 @@ from .weights_file import safetensors_shapes
 from . import registry
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
-# Drafters shipped for the embedded target (experiments/train_default_drafters.py trains them). The block drafters
-# read a copy input (docs/design.md#copy-input); `*-nocopy` are the same recipes without it, which the results
-# committed before the copy input was shipped as the default call `default` and `default-dflash`.
-SHIPPED_DRAFTERS = {"default": ASSETS / "drafter-domino-copy", "default-domino": ASSETS / "drafter-domino-copy",
-                    "default-dflash": ASSETS / "drafter-dflash-copy", "default-eagle": ASSETS / "drafter-eagle",
+# Drafters shipped for the embedded target (experiments/train_default_drafters.py trains them) in two stages: 4,000
+# steps on math and code responses (`*-mc`), then 800 steps on data a third of which answers prose prompts (the
+# names without a suffix; docs/design.md#prose-domain). The block drafters read a copy input
+# (docs/design.md#copy-input); `*-nocopy` are the stage-1 recipes without it, which the results committed before the
+# copy input was shipped as the default call `default` and `default-dflash`. Results committed before the prose stage
+# was shipped call the `*-mc` drafters `default`, `default-dflash` and `default-eagle` (and `default-copy`,
+# `default-dflash-copy`, which still name them).
+SHIPPED_DRAFTERS = {"default": ASSETS / "drafter-domino-prose", "default-domino": ASSETS / "drafter-domino-prose",
+                    "default-dflash": ASSETS / "drafter-dflash-prose", "default-eagle": ASSETS / "drafter-eagle-prose",
+                    "default-mc": ASSETS / "drafter-domino-copy", "default-dflash-mc": ASSETS / "drafter-dflash-copy",
+                    "default-eagle-mc": ASSETS / "drafter-eagle",
                     "default-copy": ASSETS / "drafter-domino-copy",
                     "default-dflash-copy": ASSETS / "drafter-dflash-copy",
                     "default-nocopy": ASSETS / "drafter-domino", "default-dflash-nocopy": ASSETS / "drafter-dflash"}
