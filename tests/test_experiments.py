@@ -287,3 +287,41 @@ def test_prose_prompts_script_writes_the_library_prompts(tmp_path):
     with pytest.raises(UserError, match="--n must be"):
         mod.main(["--n", "0", "--out", str(tmp_path / "q.jsonl")])
     assert not (tmp_path / "q.jsonl").exists()
+
+
+def test_ship_copies_each_recipes_best_drafter_and_keeps_a_warm_started_list(tmp_path, monkeypatch):
+    """experiments/train_default_drafters.py --ship-only: a stage-2 recipe's drafter ships with the FR-Spec list it
+    was warm-started with and a README naming its source; a stage-1 drafter without a list ships unrestricted with
+    --frspec-k 0. Assets go under the script's ROOT (here a temporary folder)."""
+    import importlib.util
+
+    from safetensors.torch import load_file
+
+    from domino_lab import Drafter, Target
+    from domino_lab.models import load_drafter
+
+    path = ROOT / "experiments" / "train_default_drafters.py"
+    spec = importlib.util.spec_from_file_location("train_default_drafters", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    monkeypatch.setattr(mod, "ROOT", tmp_path)
+    target = Target.from_pretrained("default")
+    runs = tmp_path / "runs"
+    sources = {"domino_prose": load_drafter("default", target),                 # carries a 1,024-token list
+               "domino_copy": Drafter.untrained(target, "domino", seed=1)}      # no list
+    for recipe, d in sources.items():
+        d.save_pretrained(runs / f"{recipe}-s0" / "best")
+        (runs / f"{recipe}-s0" / "result.json").write_text(json.dumps({"steps": 7, "best_tau": 2.5}))
+    assert mod.main(["--recipes", "domino_prose", "domino_copy", "--seeds", "0", "--runs-dir", str(runs),
+                     "--ship-only", "--frspec-k", "0"]) == 0
+
+    assets = tmp_path / "domino_lab" / "assets"
+    shipped = load_file(assets / "drafter-domino-prose" / "model.safetensors")
+    source = load_file(runs / "domino_prose-s0" / "best" / "model.safetensors")
+    assert set(shipped) == set(source) and all(shipped[k].equal(source[k]) for k in source)
+    readme = (assets / "drafter-domino-prose" / "README.md").read_text()
+    assert readme.startswith("# `default` drafter (domino_prose)")
+    assert "from the shipped `default-mc`" in readme and "warm-started with" in readme and "prose_data.md" in readme
+    plain = (assets / "drafter-domino-copy" / "README.md").read_text()
+    assert plain.startswith("# `default-mc` drafter (domino_copy)") and "FR-Spec" not in plain
+    assert Drafter.from_pretrained(assets / "drafter-domino-copy", target).config.frspec_k == 0
