@@ -18,7 +18,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="checkpoint dir, shipped name (default, default-dflash), 'none' (plain decoding), "
                         "or untrained:METHOD[:key=value,...] (e.g. untrained:domino, untrained:eagle, "
                         "untrained:dflash:block_size=16)")
-    p.add_argument("--dtype", default="float32", help="float32 (CPU default), bfloat16, float64 (bfloat16 rounds a block verify and a one-token step differently: at a near-tie the text can differ from plain bfloat16 decoding)")
+    p.add_argument("--dtype", default="float32",
+                   help="float32 (CPU default), bfloat16, float64 (bfloat16 rounds a block verify and a one-token "
+                        "step differently: at a near-tie the text can differ from plain bfloat16 decoding)")
     p.add_argument("--device", default="cpu")
     from .target import add_threads_arg
     add_threads_arg(p)

@@ -376,7 +376,7 @@ class Target:
         `greedy`: return each row's argmax token (`tokens`) and no logits, which is all greedy decoding reads
         (`greedy_tokens`)."""
         if cache is not None and self.own_cache is not None:
-            self.check_cache()
+            raise self._own_cache_error()
         tokens = None
         if logits_rows is None and not (greedy and self.screen is not None):
             keep = {"logits_to_keep": 1} if last_logits_only else {}
@@ -400,15 +400,14 @@ class Target:
             feats = torch.cat([out.hidden_states[j + 1] for j in taps], dim=-1)
         return TargetOutput(logits, feats, hidden, tokens)
 
-    def check_cache(self) -> None:
-        """One clear error, before a decoder's first forward, for a target that refuses the cache every decoder here
-        builds (`own_cache_class`)."""
-        if self.own_cache is not None:
-            kind = getattr(self.model.config, "model_type", type(self.model).__name__)
-            raise UserError(f"target '{self.name}' ({kind}) keeps its decoding state in a cache class of its own "
-                            f"({self.own_cache}) and refuses any other; domino-lab's decoders need a cache they can "
-                            "cut back to any position to undo rejected drafts, so this model family cannot be "
-                            "decoded here (Hugging Face's `generate` can decode it)")
+    def _own_cache_error(self) -> UserError:
+        """The error for a target that refuses the cache every decoder here builds (`own_cache_class`), raised before
+        a decoder's first forward."""
+        kind = getattr(self.model.config, "model_type", type(self.model).__name__)
+        return UserError(f"target '{self.name}' ({kind}) keeps its decoding state in a cache class of its own "
+                         f"({self.own_cache}) and refuses any other; domino-lab's decoders need a cache they can "
+                         "cut back to any position to undo rejected drafts, so this model family cannot be "
+                         "decoded here (Hugging Face's `generate` can decode it)")
 
     @torch.no_grad()
     def greedy_tokens(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -34,14 +34,17 @@ from domino_lab.experiments.curves import convergence_curves, loss_history, plot
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "experiments" / "configs"
 RESULTS = ROOT / "experiments" / "results"
-# recipe -> (asset folder, the name it ships under; models/drafter.py#SHIPPED_DRAFTERS)
-SHIP = {"domino": ("drafter-domino", "default-nocopy"), "dflash": ("drafter-dflash", "default-dflash-nocopy"),
-        "eagle": ("drafter-eagle", "default-eagle-mc"), "domino_copy": ("drafter-domino-copy", "default-mc"),
-        "dflash_copy": ("drafter-dflash-copy", "default-dflash-mc"),
+# recipe -> (asset folder, the name it ships under (models/drafter.py#SHIPPED_DRAFTERS), where its results are)
+STAGE1, STAGE2 = "experiments/results/drafters*.md", "experiments/results/prose_data.md"
+SHIP = {"domino": ("drafter-domino", "default-nocopy", STAGE1),
+        "dflash": ("drafter-dflash", "default-dflash-nocopy", STAGE1),
+        "eagle": ("drafter-eagle", "default-eagle-mc", STAGE1),
+        "domino_copy": ("drafter-domino-copy", "default-mc", STAGE1),
+        "dflash_copy": ("drafter-dflash-copy", "default-dflash-mc", STAGE1),
         # stage 2: the `*-mc` drafters above, fine-tuned with prose in the data (docs/design.md#prose-domain)
-        "domino_prose": ("drafter-domino-prose", "default"), "dflash_prose": ("drafter-dflash-prose", "default-dflash"),
-        "eagle_prose": ("drafter-eagle-prose", "default-eagle")}
-RESULTS_OF = {m: "experiments/results/prose_data.md" for m in ("domino_prose", "dflash_prose", "eagle_prose")}
+        "domino_prose": ("drafter-domino-prose", "default", STAGE2),
+        "dflash_prose": ("drafter-dflash-prose", "default-dflash", STAGE2),
+        "eagle_prose": ("drafter-eagle-prose", "default-eagle", STAGE2)}
 
 
 def run_dir(runs: Path, recipe: str, seed: int) -> Path:
@@ -120,7 +123,7 @@ def ship(args, argv) -> None:
 
     target = Target.from_pretrained("default", dtype="float32")
     command = "python experiments/train_default_drafters.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    for method, (asset, name) in SHIP.items():
+    for method, (asset, name, results) in SHIP.items():
         src = run_dir(Path(args.runs_dir), method, args.seeds[0])
         if method not in args.recipes or not (src / "best").is_dir():
             continue
@@ -129,15 +132,15 @@ def ship(args, argv) -> None:
         d = load_drafter(str(src / "best"), target)
         note = ""
         if d.config.frspec_k:         # warm-started from a drafter that had a list: it trained with that one
-            note = (f" It drafts over the FR-Spec list of {d.config.frspec_k} tokens it was warm-started with "
-                    "(verification always scores the whole vocabulary; `--full-vocab` drafts over all of it).")
+            note = f" It drafts over the FR-Spec list of {d.config.frspec_k} tokens it was warm-started with"
         elif args.frspec_k:
             dm = DrafterDataModule(cfg.data, seed=cfg.seed)
             dm.setup("fit")           # the list comes from the training split, as in training with frspec_k
             d = restrict(d, frequent_tokens(dm.train_rows, args.frspec_k, d.config.vocab_size))
             note = (f" It drafts over FR-Spec's {args.frspec_k} most frequent response tokens of the training "
-                    f"split of `{os.path.relpath(cfg.data.path, ROOT)}` "
-                    "(verification always scores the whole vocabulary; `--full-vocab` drafts over all of it).")
+                    f"split of `{os.path.relpath(cfg.data.path, ROOT)}`")
+        if note:
+            note += " (verification always scores the whole vocabulary; `--full-vocab` drafts over all of it)."
         dst = ROOT / "domino_lab" / "assets" / asset
         d.save_pretrained(dst)
         (dst / "README.md").write_text(
@@ -149,7 +152,7 @@ def ship(args, argv) -> None:
             f"recipes; run folder `{src.name}`); shipped by "
             f"`{command}` "
             f"at the best validation τ ({res['best_tau']:.3f} on the recipe's validation prompts).{note} Results "
-            f"over seeds and eval sets: `{RESULTS_OF.get(method, 'experiments/results/drafters*.md')}`.\n")
+            f"over seeds and eval sets: `{results}`.\n")
         print(f"[ship] {src / 'best'} -> {dst}", file=sys.stderr)
 
 

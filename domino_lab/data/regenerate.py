@@ -56,20 +56,22 @@ def training_prompts(n_math: int, n_code: int, cache_dir=None, n_prose: int = 0)
     if n_math:
         out += [dict(p, domain="math") for p in math_prompts("train", n_math)]
     if n_code:
-        code = code_prompts("train", n_code, cache_dir=cache_dir)
-        if len(code) < n_code:
-            raise UserError(f"the training stdlib files yield only {len(code)} function prompts; "
-                            f"use --n-code {len(code)} or less")
+        code = _all_of(code_prompts("train", n_code, cache_dir=cache_dir), n_code, "function", "--n-code")
         out += [dict(p, domain="code") for p in code]
     if n_prose:
         from .prose import prose_prompts
 
-        prose = prose_prompts("train", n_prose, cache_dir=cache_dir)
-        if len(prose) < n_prose:
-            raise UserError(f"the training stdlib files yield only {len(prose)} prose prompts; "
-                            f"use --n-prose {len(prose)} or less")
+        prose = _all_of(prose_prompts("train", n_prose, cache_dir=cache_dir), n_prose, "prose", "--n-prose")
         out += [{"id": p["id"], "prompt": p["prompt"], "domain": "prose"} for p in prose]
     return out
+
+
+def _all_of(rows: list[dict], n: int, what: str, flag: str) -> list[dict]:
+    """`rows` when the training files yielded the `n` prompts asked for, else one error naming the most there are."""
+    if len(rows) < n:
+        raise UserError(f"the training stdlib files yield only {len(rows)} {what} prompts; use {flag} {len(rows)} "
+                        "or less")
+    return rows
 
 
 # ----------------------------------------------------------------------------- work log (shards)
