@@ -197,3 +197,34 @@ def test_batch_1_adaptive_drafts_are_checked_and_parsed(target):
     assert InferenceOptions.from_args(build_parser().parse_args(["--adaptive-drafts"])).adaptive_drafts is True
     assert InferenceOptions.from_args(build_parser().parse_args([])).adaptive_drafts is False
     assert with_options(InferenceOptions(), "adaptive_drafts=true", "x").adaptive_drafts is True
+
+
+def test_one_row_at_a_time_verifies_the_whole_block_every_step(monkeypatch):
+    """The count learns acceptance only while drafting: at one row a text whose first drafts miss would stay on
+    plain steps (one-position verifies) for the rest of the decode. One prompt, or a queue through one slot,
+    drafts the whole block every step instead, as batch-1 decoding does; a batch of two still explores."""
+    from core_helpers import tiny_target
+    from domino_lab import Drafter, speculative_generate
+    from domino_lab.decoding.batched import batched_generate
+
+    t = tiny_target(eos=None)
+    d = Drafter.untrained(t, "domino", seed=0, block_size=4)
+    widths = []
+    forward = t.forward
+
+    def recording(ids, **kw):
+        widths.append(ids.shape[1])
+        return forward(ids, **kw)
+
+    monkeypatch.setattr(t, "forward", recording)
+    prompts = [[5, 9, 17], [40, 41, 42, 43], [11, 30, 7, 7, 12]]
+    for batch, slots in (([prompts[0]], None), (prompts, 1), (prompts[:2], None)):
+        widths.clear()
+        res = batched_generate(t, d, batch, 40, slots=slots, drafts="adaptive")
+        plain = widths.count(1)            # a plain step (the last token of a budget verifies no draft either)
+        if slots == 1 or len(batch) == 1:
+            assert plain <= len(batch) and max(widths) == d.config.num_drafts + 1, widths
+        else:
+            assert plain >= 2, widths      # the count's exploring plain steps
+        for p, out in zip(batch, res.token_ids):
+            assert out == speculative_generate(t, None, prompt_ids=p, max_new_tokens=40).token_ids

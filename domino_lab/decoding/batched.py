@@ -272,7 +272,10 @@ def batched_generate(target, drafter, prompts_ids: list[list[int]], max_new_toke
     owed: dict[int, int] = {}              # per prompt, its valid positions in `pending`
     steps, t_draft, t_verify = 0, 0.0, 0.0
     t_joined = 0.0                         # draft time spent taking in joining prompts since the latest step
-    policy = DraftCount(n_drafts) if drafts == "adaptive" and n_drafts else None
+    # One row at a time (one prompt, or one slot) verifies the whole block every step, as batch-1 decoding does:
+    # a verified position is nearly free there, and the count learns acceptance only while drafting, so a text
+    # whose first tokens the drafter misses would stay on plain steps (docs/design.md#adaptive-batched-drafts).
+    policy = DraftCount(n_drafts) if drafts == "adaptive" and n_drafts and min(b, slots) > 1 else None
     drafting = drafter is not None and fixed != 0      # whether the drafter ran in the latest step (copies aside)
 
     def still_needed(chunks: list) -> list:
