@@ -185,6 +185,23 @@ def bench_set(b: Bench, prompts: list[dict], warmup: int, progress: bool = True)
     return res
 
 
+def batched_left_out(b: Bench) -> dict[str, str]:
+    """Our decoders the batched table leaves out, with why (`ar` and the other drafters are measured)."""
+    why = {}
+    for m in b.methods:
+        if m not in b.drafters:
+            continue
+        if m in HEAD_VARIANTS:
+            why[m] = "a head-path variant of domino (the head's cost shows at batch 1)"
+        elif m in TREE_METHODS:
+            why[m] = "tree verification decodes one sequence at a time"
+        elif not b.drafters[m].supports_batched:
+            why[m] = f"{b.drafters[m].config.method} drafters decode one sequence at a time"
+        elif b.drafters[m].options.draft_cutoff:
+            why[m] = "the draft cutoff is an option of one-sequence decoding"
+    return why
+
+
 def bench_batched(b: Bench, prompts: list[dict], sizes: list[int], rounds: int = 1, progress: bool = True,
                   threads: int | None = None, continuous: bool = False) -> dict:
     """Throughput of batched decoding (ragged acceptance) for `ar` and our drafters at several batch sizes.
@@ -200,11 +217,8 @@ def bench_batched(b: Bench, prompts: list[dict], sizes: list[int], rounds: int =
     from .target import decode_threads, torch_threads
 
     ids = [b.target.encode(p["prompt"]) for p in prompts]
-    # our decoders that batch (the head's cost shows at batch 1, so its variants are left out here; tree
-    # verification decodes one sequence at a time; the draft cutoff is a batch-1 chain option)
-    methods = [m for m in b.methods if (m == "ar" or (m in b.drafters and b.drafters[m].supports_batched
-                                                       and not b.drafters[m].options.draft_cutoff))
-               and m not in HEAD_VARIANTS and m not in TREE_METHODS]
+    left_out = batched_left_out(b)
+    methods = [m for m in b.methods if (m == "ar" or m in b.drafters) and m not in left_out]
     batched_generate(b.target, None, ids[:2], 4)                       # warm-up
     out: dict = {}
     bar = tqdm(total=sum(1 if continuous else -(-len(ids) // size) for size in sizes) * rounds * len(methods),
@@ -369,8 +383,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_sampler_arg(p)
     p.add_argument("--prompt-lookup-tokens", type=int, default=10)
     p.add_argument("--limit", type=int, default=None, help="first N prompts of every set")
-    p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--warmup", type=int, default=2, help="prompts decoded by every method before timing")
+    p.add_argument("--max-new-tokens", type=int, default=None, help="new tokens per prompt (default 128)")
+    p.add_argument("--warmup", type=int, default=None,
+                   help="prompts decoded by every method before timing (default 2)")
     p.add_argument("--dtype", default="float32")
     from .target import add_threads_arg
     add_threads_arg(p)
@@ -395,7 +410,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also project each drafter's measured τ onto the target shapes of a regime map "
                         "(experiments/results/regime_map.json): bound = τ · t_step / (t_draft + t_verify) with that "
                         "shape's measured block-8 costs, labelled a projection")
-    p.add_argument("--quick", action="store_true", help="2 prompts per set, 16 new tokens, 1 warm-up (tests)")
+    p.add_argument("--quick", action="store_true",
+                   help="2 prompts per set, 16 new tokens, 1 warm-up (tests); flags given beside it win")
     return p
 
 
@@ -511,8 +527,14 @@ def main(argv: list[str] | None = None) -> int:
     named = args.methods is not None         # methods the user asked for fail loudly; defaults are skipped instead
     if not named:
         args.methods = list(DEFAULT_METHODS)
-    if args.quick:
-        args.limit, args.max_new_tokens, args.warmup = args.limit or 2, 16, 1
+    # --quick's sizes, or the defaults, for what was not given
+    for flag, quick, default in (("limit", 2, None), ("max_new_tokens", 16, 128), ("warmup", 1, 2)):
+        if getattr(args, flag) is None:
+            setattr(args, flag, quick if args.quick else default)
+    if args.continuous and not args.batch_sizes:
+        raise UserError("--continuous shapes the batched rows (a queue through that many slots): add --batch-sizes")
+    if args.tracking_uri is not None and not args.mlflow:
+        raise UserError("--tracking-uri says where --mlflow logs: add --mlflow, or drop --tracking-uri")
     for flag in ("max_new_tokens", "prompt_lookup_tokens"):
         if getattr(args, flag) < 1:
             raise UserError(f"--{flag.replace('_', '-')} must be at least 1")
@@ -540,7 +562,12 @@ def main(argv: list[str] | None = None) -> int:
     from .data.eval_sets import load_eval_set
 
     # bad names fail before any model loads; a JSONL file is reported under its stem
-    sets = {Path(s).stem if s.endswith(".jsonl") else s: load_eval_set(s, limit=args.limit) for s in args.sets}
+    labels = [Path(s).stem if s.endswith(".jsonl") else s for s in args.sets]
+    for i, label in enumerate(labels):
+        if label in labels[:i]:
+            raise UserError(f"--sets {args.sets[labels.index(label)]} and {args.sets[i]} would both be reported as "
+                            f"{label!r}; give each set once, and JSONL files different names")
+    sets = {label: load_eval_set(s, limit=args.limit) for label, s in zip(labels, args.sets)}
     regime = load_regime(args.project) if args.project else None
     import torch
 
@@ -570,6 +597,11 @@ def main(argv: list[str] | None = None) -> int:
         extra.append(label)
     check_sampling_args(smp, [o for _, o in specs.values()], max(map(len, sets.values())), bool(args.batch_sizes))
     target = Target.from_pretrained(args.target, dtype=args.dtype)
+    from .decoding.engine import prompt_token_ids
+
+    for name, prompts in sets.items():      # every prompt fits the context, before anything is decoded
+        for i, p in enumerate(prompts, 1):
+            prompt_token_ids(target, p["prompt"], what=f"prompt {p['id']!r} (number {i} of set {name})")
     use_decode_threads(target, args.threads)
     drafters = {m: load_drafter(spec, target, options=o) for m, (spec, o) in specs.items()}
     skipped: dict[str, str] = {}     # default methods this target cannot run -> why
@@ -617,7 +649,8 @@ def main(argv: list[str] | None = None) -> int:
             # (exact; docs/design.md#greedy-head-screen); the hf methods always read the full head
             "lm_head": "screen" if target.screen is not None else "full",
             # the batch-1 rows ran with the machine line's threads, batched decoding with these per batch size
-            "batched_threads": b.batch_threads, "batched_continuous": args.continuous, "skipped": skipped}
+            "batched_threads": b.batch_threads, "batched_continuous": args.continuous, "skipped": skipped,
+            "batched_left_out": batched_left_out(b) if batched else {}}
     md = table(results)
     # block drafters verified as chains with their own head path: what the regime map's costs are of
     chains = [m for m in methods if m in drafters and hasattr(drafters[m], "tree_expander")
@@ -648,7 +681,9 @@ def main(argv: list[str] | None = None) -> int:
                + ("each set one queue through that many slots" if args.continuous
                   else "same prompts in consecutive batches") + "; torch threads per batch "
                f"size: {', '.join(f'{k}: {v}' for k, v in b.batch_threads.items())}):\n\n"
-               f"{batched_table(batched, {s: len(p) for s, p in sets.items()})}\n\n" if batched else "")
+               f"{batched_table(batched, {s: len(p) for s, p in sets.items()})}\n\n"
+               + "".join(f"Not in the batched table: `{m}` ({why}).\n" for m, why in meta["batched_left_out"].items())
+               + ("\n" if meta["batched_left_out"] else "") if batched else "")
             + (projection_table(proj, args.project) + "\n\n" if proj else "")
             + "\n".join(f"![{p.stem}]({p.name})" for p in pngs) + "\n")
     with atomic_path(out / "bench.md") as t:

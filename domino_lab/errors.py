@@ -38,6 +38,11 @@ def run_cli(main: Callable[[list[str] | None], int | None], argv: list[str] | No
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         sys.exit(130)
+    except BrokenPipeError:
+        # the reader of stdout left (`| head`): stop quietly, as command-line tools do, and keep Python's exit-time
+        # flush of stdout from raising a second time
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(1)
     sys.exit(code or 0)
 
 

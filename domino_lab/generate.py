@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(args.seed)
     from .data.eval_sets import check_prompt_text, load_eval_set
 
-    prompts = load_eval_set(args.prompts) if args.prompts else [{"id": None, "prompt": args.prompt}]
+    prompts = load_eval_set(args.prompts) if args.prompts is not None else [{"id": None, "prompt": args.prompt}]
     if any(not r["prompt"].strip() for r in prompts):
         raise UserError("the prompt is empty; give some text to continue")
     if args.prompt is not None:     # (a file's prompts were checked as it was read)

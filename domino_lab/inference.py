@@ -155,6 +155,9 @@ def make_trainer(accelerator: str = "auto", devices="auto", strategy: str = "aut
     typo costs nothing."""
     from lightning.fabric.utilities.exceptions import MisconfigurationException
 
+    from .training.devices import quiet_lightning_tips
+
+    quiet_lightning_tips()
     settings = dict(accelerator=accelerator, devices=devices, strategy=strategy, precision=precision or "32-true")
     try:
         return pl.Trainer(**settings, logger=False, enable_checkpointing=False,
@@ -219,9 +222,17 @@ def predict(target, drafter, prompts, *, max_new_tokens: int = 128, temperature:
     rows = load_eval_set(prompts) if isinstance(prompts, (str, Path)) else list(prompts)
     if not rows:
         raise UserError("no prompts to decode")
+    if len(rows) < trainer.world_size:
+        # the distributed sampler would hand some process nothing, and it fails inside Lightning
+        raise UserError(f"{len(rows)} prompt(s) for {trainer.world_size} processes; data-parallel decoding needs at "
+                        "least one prompt per process: pass more prompts or fewer --devices")
     rows = [dict(row, _index=i) for i, row in enumerate(rows)]         # each prompt's seed (SpeculativeDecoder._seed)
     if isinstance(target, str):
         target = Target.from_pretrained(target, dtype=dtype)
+    from .decoding.engine import prompt_token_ids
+
+    for i, row in enumerate(rows, 1):       # every prompt fits the context, before anything is decoded
+        prompt_token_ids(target, row["prompt"], what=f"prompt {row['id']!r} (number {i} of {len(rows)})")
     if isinstance(drafter, str):
         drafter = load_drafter(drafter, target, options=options)
     module = SpeculativeDecoder(target, drafter, max_new_tokens, temperature, top_p, block_size, seed, steps,

@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 import warnings
 
-from .errors import UserError, atomic_path, run_cli
+from .errors import UserError, atomic_path, check_out_dir, run_cli
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -124,6 +124,7 @@ def _train(cfg, resume: bool, extra_callbacks, logger, target) -> dict:
     from lightning.pytorch.callbacks import ModelCheckpoint, OnExceptionCheckpoint
 
     from .target import Target
+    from .training.devices import quiet_lightning_tips
     from .training.callbacks import ExportBest
     from .training.config import drafter_config
     from .training.datamodule import DrafterDataModule
@@ -131,7 +132,7 @@ def _train(cfg, resume: bool, extra_callbacks, logger, target) -> dict:
     from .training.tracking import forget_metrics_from, make_logger, plot_curves, read_run_id, remember_run
     import yaml
 
-    out_dir = Path(cfg.out_dir)
+    out_dir = check_out_dir(cfg.out_dir, "out_dir")      # a file there, or no room to write: before any work
     ckpt_dir = out_dir / "checkpoints"
     if out_dir.exists() and any(ckpt_dir.glob("*.ckpt")) and not resume:
         raise UserError(f"{out_dir} already holds a training run; pass --resume to continue it or choose "
@@ -187,6 +188,7 @@ def _train(cfg, resume: bool, extra_callbacks, logger, target) -> dict:
                  OnExceptionCheckpoint(ckpt_dir), best] + list(extra_callbacks or [])
     accel = cfg.accelerator
     precision = cfg.precision or ("bf16-mixed" if torch.cuda.is_available() and accel != "cpu" else "32-true")
+    quiet_lightning_tips()
     trainer = pl.Trainer(max_steps=cfg.max_steps, accelerator=accel, devices=cfg.devices, num_nodes=cfg.num_nodes,
                          strategy=cfg.strategy, precision=precision, logger=logger, callbacks=callbacks,
                          val_check_interval=cfg.eval.every_n_steps, check_val_every_n_epoch=None,
@@ -243,7 +245,10 @@ def main(argv=None) -> int:
         print(f"error: training stopped by SIGTERM; continue it with the same command plus --resume "
               f"(state in {cfg.out_dir}/checkpoints)", file=sys.stderr)
         return 143
-    print(json.dumps(result, indent=2))
+    from lightning.pytorch.utilities import rank_zero_only
+
+    if rank_zero_only.rank == 0:     # (under data parallelism every process returns; rank 0 holds the result)
+        print(json.dumps(result, indent=2))
     return 0
 
 

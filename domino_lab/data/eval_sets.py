@@ -28,6 +28,7 @@ import functools
 import hashlib
 import io
 import json
+import os
 import re
 import sys
 import warnings
@@ -70,7 +71,9 @@ def load_eval_set(name_or_path: str, limit: int | None = None, cache_dir=None) -
     if limit is not None and (not isinstance(limit, int) or limit < 1):
         raise UserError(f"limit must be a positive integer, got {limit!r}")
     name = str(name_or_path)
-    if "+" in name and not Path(name).expanduser().is_file():
+    if not name.strip():
+        raise UserError(f"the eval set name is empty; use one of {', '.join(EVAL_SETS)} or the path of a JSONL file")
+    if "+" in name and not Path(name).expanduser().is_file() and not _one_path(name):
         items = [x for part in name.split("+") for x in load_eval_set(part, limit, cache_dir)]
         seen = set()
         for x in items:
@@ -89,12 +92,26 @@ def load_eval_set(name_or_path: str, limit: int | None = None, cache_dir=None) -
     else:
         path = Path(name).expanduser()
         if not path.is_file():
-            what = "is a directory, not a JSONL file" if path.is_dir() else "is not a known evaluation set"
+            what = ("is a directory, not a JSONL file" if path.is_dir() else
+                    "is not a file (no such file or folder)" if _looks_like_file(name) else
+                    "is not a known evaluation set")
             raise UserError(f"eval set {name!r} {what}; use one of {', '.join(EVAL_SETS)} (or several joined by +) "
                             'or the path of a JSONL file with one {"id": ..., "prompt": ...} per line')
         items = read_prompts_jsonl(path)
     items = [dict(x) for x in items]  # fresh dicts: callers may mutate them without poisoning caches
     return items[:limit] if limit is not None else items
+
+
+def _one_path(name: str) -> bool:
+    """Whether a name with + in it is one (missing) file's path rather than sets joined by +: it reads as a path
+    and none of its parts is a set's name or an existing file."""
+    parts = name.split("+")
+    return _looks_like_file(name) and not any(p in EVAL_SETS or Path(p).expanduser().is_file() for p in parts)
+
+
+def _looks_like_file(name: str) -> bool:
+    """Whether `name` reads as a path (a folder in it or a .jsonl/.json ending) rather than a set's name."""
+    return "/" in name or os.sep in name or name.lower().endswith((".jsonl", ".json"))
 
 
 def humaneval_prompts() -> list[dict]:

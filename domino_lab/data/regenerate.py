@@ -311,7 +311,11 @@ def regenerate(target, prompts: Sequence[dict], out_dir: str | os.PathLike, *, m
     if not eos or eos[0] is None:
         raise UserError("the target defines no EOS token; responses could never stop")
     pad = tok.pad_token_id if tok.pad_token_id is not None else eos[0]
-    max_positions = max_length or getattr(model.config, "max_position_embeddings", None)
+    context = getattr(model.config, "max_position_embeddings", None)
+    if max_length is not None and context is not None and max_length > context:
+        raise UserError(f"max_length={max_length} is longer than the target's {context}-token context; pass at most "
+                        f"{context} (or leave it out)")
+    max_positions = max_length or context
     if max_positions is not None and max_new_tokens >= max_positions:
         raise UserError(f"max_new_tokens={max_new_tokens} leaves no room for a prompt in a "
                         f"{max_positions}-token context")

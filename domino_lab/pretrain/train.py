@@ -164,6 +164,9 @@ def train(recipe: TargetRecipe, out_dir: Path, runs_dir: Path, cache_dir=None, q
     if recipe.train.checkpoint_every_steps:
         callbacks.append(ModelCheckpoint(dirpath=Path(logger.log_dir) / "checkpoints", save_last=True,
                                          save_top_k=1, every_n_train_steps=recipe.train.checkpoint_every_steps))
+    from ..training.devices import quiet_lightning_tips
+
+    quiet_lightning_tips()
     trainer = pl.Trainer(
         accelerator="cpu", devices=1, precision="32-true", max_steps=recipe.train.max_steps,
         gradient_clip_val=recipe.train.grad_clip, logger=logger, callbacks=callbacks,

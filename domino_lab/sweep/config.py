@@ -71,6 +71,10 @@ def load_sweep(path: str | Path | None = DEFAULT_SWEEP, overrides: list[str] = (
         root = Path(runs_dir).expanduser().resolve()
         overrides += [f"runs_dir={json.dumps(str(root))}", f"out_dir={json.dumps(str(root))}"]
     cfg = load_config(SweepConfig, path, overrides)
+    for key, low in (("regen_math", 0), ("regen_code", 0), ("regen_max_new_tokens", 1)):
+        if getattr(cfg, key) < low:
+            raise UserError(f"{key} must be >= {low} (the training data a sweep regenerates when it has none), got "
+                            f"{getattr(cfg, key)}")
     cfg.runs_dir = str(Path(cfg.runs_dir).expanduser().resolve()) if cfg.runs_dir else str(default_runs_dir())
     validate_space(cfg.space)
     if cfg.seed is not None:

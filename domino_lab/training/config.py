@@ -22,6 +22,7 @@ def _drafter_overrides() -> type:
            for f in dataclasses.fields(DrafterConfig) if f.name != "target_fingerprint"]
     return dataclasses.make_dataclass("DrafterOverrides", own + [
         ("num_taps", int, field(default=3)),              # taps spread from layer 1 to L-3 when target_layer_ids is None
+                                                          # (at most: a small target may have fewer layers there)
         ("init_from", str | None, field(default=None)),   # warm start from a drafter directory (same target)
     ], namespace={"__module__": __name__})
 
@@ -64,7 +65,10 @@ def drafter_config(overrides, target) -> DrafterConfig:
         names = {f.name for f in dataclasses.fields(DrafterConfig)} - {"target_fingerprint"} - set(HEAD_FIELDS)
         over = {**over, **{k: v for k, v in src.items() if k in names}}
     if "target_layer_ids" not in over:
-        over["target_layer_ids"] = default_tap_layers(target.num_layers, overrides.num_taps)
+        k = overrides.num_taps
+        if not 1 <= k <= target.num_layers:
+            raise UserError(f"drafter.num_taps must be from 1 to the target's {target.num_layers} layers, got {k}")
+        over["target_layer_ids"] = default_tap_layers(target.num_layers, k)
     return DrafterConfig.for_target(target, over.pop("method", "domino"), **over)
 
 

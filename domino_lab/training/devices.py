@@ -118,3 +118,19 @@ def check_not_spawned(strategy, prefix: str = "--strategy ") -> None:
     if isinstance(strategy, str) and ("spawn" in strategy.lower() or "notebook" in strategy.lower()):
         raise UserError(f"{prefix}{strategy} starts processes by spawning, where the target's hidden states come "
                         "back empty; use ddp (started by the launcher or torchrun) or auto")
+
+
+def quiet_lightning_tips() -> None:
+    """Drop Lightning's advertisements (an info line suggesting another package to install): on a command line they
+    stand between the command and its result or its one error line. Lightning's other info lines (which
+    accelerator it uses) stay. The filter sits on the loggers that Lightning's rank-zero messages come from, so it
+    holds whichever handler prints them."""
+    import logging
+
+    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
+        logger = logging.getLogger(name)
+        if not any(getattr(f, "_domino_lab", False) for f in logger.filters):
+            def no_tips(record: logging.LogRecord) -> bool:
+                return "Tip:" not in record.getMessage()
+            no_tips._domino_lab = True
+            logger.addFilter(no_tips)

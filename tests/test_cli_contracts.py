@@ -1,0 +1,192 @@
+"""Bad input found by trying the command lines as a new user would: each is one UserError (one `error:` line, exit 2)
+raised before anything is decoded or written, and the outputs of good runs are not mixed with other processes'."""
+import json
+import logging
+import subprocess
+import sys
+
+import pytest
+
+from domino_lab.errors import UserError
+
+LONG = "def f(x):\n    return x\n" * 300            # ~2,700 tokens: over the embedded target's 512
+
+
+def _jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_eval_set_names_that_are_empty_or_missing_files_say_so():
+    from domino_lab.data.eval_sets import load_eval_set
+
+    with pytest.raises(UserError, match="the eval set name is empty"):
+        load_eval_set("")
+    with pytest.raises(UserError, match=r"'/nonexistent/p\.jsonl' is not a file \(no such file or folder\)"):
+        load_eval_set("/nonexistent/p.jsonl")
+    # a missing file with + in its name is one path, not sets joined by +
+    with pytest.raises(UserError, match=r"'/nonexistent/a\+b\.jsonl' is not a file"):
+        load_eval_set("/nonexistent/a+b.jsonl")
+    with pytest.raises(UserError, match="'nope' is not a known evaluation set"):
+        load_eval_set("math+nope")
+
+
+def test_generate_with_an_empty_prompts_value_is_one_error(monkeypatch):
+    from domino_lab import generate
+
+    monkeypatch.setattr("domino_lab.Target.from_pretrained", lambda *a, **k: pytest.fail("loaded a target"))
+    with pytest.raises(UserError, match="the eval set name is empty"):
+        generate.main(["--prompts", ""])
+
+
+def test_a_reader_that_leaves_the_pipe_ends_the_command_quietly():
+    proc = subprocess.Popen([sys.executable, "-m", "domino_lab.generate", "--prompts", "math", "--drafter", "none",
+                             "--max-new-tokens", "4", "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.readline()                  # the first prompt's line, then the reader is gone (as `| head -1`)
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=300) == 1
+    assert "Traceback" not in err and "BrokenPipeError" not in err, err
+
+
+def test_bench_refuses_two_sets_under_one_name_and_long_prompts_before_decoding(tmp_path):
+    from domino_lab.bench import main
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    one = _jsonl(tmp_path / "a" / "p.jsonl", [{"id": "x", "prompt": "def f(x):"}])
+    other = _jsonl(tmp_path / "b" / "p.jsonl", [{"id": "y", "prompt": "def g(x):"}])
+    out = tmp_path / "out"
+    with pytest.raises(UserError, match="would both be reported as 'p'"):
+        main(["--sets", str(one), str(other), "--out", str(out)])
+    mixed = _jsonl(tmp_path / "mixed.jsonl", [{"id": "ok", "prompt": "def f(x):"}, {"id": "long", "prompt": LONG}])
+    with pytest.raises(UserError, match=r"prompt 'long' \(number 2 of set mixed\) has \d+ tokens but the target's "
+                                        "context is 512"):
+        main(["--sets", "math", str(mixed), "--limit", "2", "--methods", "ar", "--out", str(out)])
+    assert not out.exists()
+
+
+def test_inference_checks_every_prompt_and_the_prompts_per_process_before_decoding(tmp_path):
+    from domino_lab.inference import main, make_trainer, predict
+
+    mixed = _jsonl(tmp_path / "mixed.jsonl", [{"id": "ok", "prompt": "def f(x):"}, {"id": "long", "prompt": LONG}])
+    with pytest.raises(UserError, match=r"prompt 'long' \(number 2 of 2\) has \d+ tokens"):
+        main(["--prompts", str(mixed), "--drafter", "none", "--out", str(tmp_path / "o.jsonl")])
+    assert not (tmp_path / "o.jsonl").exists()
+    # two processes for one prompt: one would get nothing (Lightning's sampler fails in it); the processes are only
+    # started by predict, so the check runs in this one
+    trainer = make_trainer("cpu", 2, "ddp")
+    with pytest.raises(UserError, match=r"1 prompt\(s\) for 2 processes"):
+        predict("default", None, [{"id": "a", "prompt": "def f(x):"}], trainer=trainer)
+
+
+def test_regenerate_refuses_a_max_length_past_the_context(tmp_path):
+    from domino_lab.regenerate import main
+
+    prompts = _jsonl(tmp_path / "p.jsonl", [{"id": "a", "prompt": "def f(x):"}])
+    with pytest.raises(UserError, match="max_length=100000 is longer than the target's 512-token context"):
+        main(["--prompts", str(prompts), "--max-new-tokens", "8", "--max-length", "100000",
+              "--out", str(tmp_path / "rg")])
+    assert not (tmp_path / "rg").exists()
+
+
+@pytest.mark.parametrize("flags, match", [
+    (["--target", "/nonexistent/model"], "target '/nonexistent/model' is not a model directory"),
+    (["regen_math=-1"], "regen_math must be >= 0"),
+    (["regen_max_new_tokens=0"], "regen_max_new_tokens must be >= 1"),
+])
+def test_sweep_creates_nothing_for_a_bad_target_or_data_size(tmp_path, flags, match):
+    from domino_lab.sweep.__main__ import main
+
+    runs = tmp_path / "x"
+    with pytest.raises(UserError, match=match):
+        main(["--runs-dir", str(runs), *flags])
+    assert not runs.exists()
+
+
+def test_train_refuses_more_taps_than_the_target_has_layers(tmp_path):
+    from domino_lab.train import main
+
+    work = tmp_path / "x"
+    for k in (0, 99):
+        with pytest.raises(UserError, match=f"drafter.num_taps must be from 1 to the target's 6 layers, got {k}"):
+            main(["--config", "experiments/configs/domino.yaml", "data.path=runs/regenerated/sweep-default",
+                  f"tracking_uri=sqlite:///{work}/ml.db", f"out_dir={work}/tr", "max_steps=1", f"drafter.num_taps={k}"])
+    assert not work.exists()
+
+
+def test_train_prints_its_result_once_under_data_parallelism(monkeypatch, capsys):
+    """Every process of a data-parallel run returns from `train`; only rank 0 holds the result and prints it (a
+    script reading stdout got rank 1's empty result first)."""
+    from lightning.pytorch.utilities import rank_zero_only
+
+    from domino_lab import train as train_cli
+
+    monkeypatch.setattr(train_cli, "resolve_config", lambda argv: (None, False))
+    monkeypatch.setattr(train_cli, "train", lambda cfg, resume: {"best_tau": 2.0})
+    for rank, printed in ((1, ""), (0, '"best_tau": 2.0')):
+        monkeypatch.setattr(rank_zero_only, "rank", rank)
+        assert train_cli.main([]) == 0
+        out = capsys.readouterr().out
+        assert (printed in out) if printed else out == ""
+
+
+def test_lightning_tips_are_dropped_from_its_console_lines():
+    from domino_lab.training.devices import quiet_lightning_tips
+
+    quiet_lightning_tips()
+    quiet_lightning_tips()                   # once is enough: no second filter
+    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
+        logger = logging.getLogger(name)     # where Lightning's rank-zero info lines are logged
+        assert len([f for f in logger.filters if getattr(f, "_domino_lab", False)]) == 1
+        record = lambda msg: logging.LogRecord(name, logging.INFO, __file__, 1, msg, (), None)  # noqa: E731
+        assert not logger.filter(record("💡 Tip: For seamless cloud logging, try installing something"))
+        assert logger.filter(record("GPU available: False, used: False"))
+
+
+def test_bench_says_which_drafters_the_batched_table_leaves_out(tmp_path):
+    from domino_lab.bench import main
+
+    out = tmp_path / "b"
+    main(["--sets", "math", "--limit", "1", "--max-new-tokens", "4", "--warmup", "0", "--methods", "ar",
+          "--drafter", "e=default-eagle", "--drafter", "dc=default@draft_cutoff=0.1", "--drafter", "d=default",
+          "--batch-sizes", "2", "--out", str(out)])
+    meta = json.loads((out / "bench.json").read_text())["meta"]
+    assert set(meta["batched_left_out"]) == {"e", "dc"}
+    assert "one sequence at a time" in meta["batched_left_out"]["e"]
+    md = (out / "bench.md").read_text()
+    assert "Not in the batched table: `e`" in md and "Not in the batched table: `dc`" in md
+    assert "Not in the batched table: `d`" not in md
+
+
+@pytest.mark.parametrize("flags, match", [
+    (["--continuous"], "--continuous shapes the batched rows.*add --batch-sizes"),
+    (["--tracking-uri", "sqlite:///x.db"], "--tracking-uri says where --mlflow logs: add --mlflow"),
+])
+def test_bench_refuses_flags_it_would_ignore(tmp_path, flags, match):
+    from domino_lab.bench import main
+
+    with pytest.raises(UserError, match=match):
+        main(["--sets", "math", "--quick", "--out", str(tmp_path / "b"), *flags])
+    assert not (tmp_path / "b").exists()
+
+
+def test_bench_quick_keeps_the_sizes_given_beside_it(tmp_path):
+    from domino_lab.bench import main
+
+    main(["--sets", "math", "--quick", "--methods", "ar", "--max-new-tokens", "4", "--out", str(tmp_path / "b")])
+    meta = json.loads((tmp_path / "b" / "bench.json").read_text())["meta"]
+    assert meta["max_new_tokens"] == 4
+    res = json.loads((tmp_path / "b" / "bench.json").read_text())["results"]["math"]["ar"]
+    assert res["prompts"] == 2                 # --quick's limit, as no --limit was given
+
+
+def test_train_refuses_an_out_dir_that_is_a_file_before_loading_anything(tmp_path, monkeypatch):
+    from domino_lab.train import main
+
+    monkeypatch.setattr("domino_lab.target.Target.from_pretrained", lambda *a, **k: pytest.fail("loaded a target"))
+    (tmp_path / "run.jsonl").write_text("")
+    with pytest.raises(UserError, match="out_dir .*run.jsonl is a file, not a folder; choose another out_dir"):
+        main(["--config", "experiments/configs/domino.yaml", "data.path=runs/regenerated/sweep-default",
+              f"tracking_uri=sqlite:///{tmp_path}/ml.db", f"out_dir={tmp_path}/run.jsonl", "max_steps=1"])
+    assert not (tmp_path / "ml.db").exists()
