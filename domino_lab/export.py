@@ -34,6 +34,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.verifier is not None and args.format != "speculators":
+        raise UserError(f"--verifier is recorded by the speculators format only, and --format is {args.format}: drop "
+                        "--verifier or use --format speculators")
     from .models.export import export_drafter
     from .models.drafter import load_drafter
     from .target import Target, parse_dtype

@@ -190,3 +190,34 @@ def test_train_refuses_an_out_dir_that_is_a_file_before_loading_anything(tmp_pat
         main(["--config", "experiments/configs/domino.yaml", "data.path=runs/regenerated/sweep-default",
               f"tracking_uri=sqlite:///{tmp_path}/ml.db", f"out_dir={tmp_path}/run.jsonl", "max_steps=1"])
     assert not (tmp_path / "ml.db").exists()
+
+
+def test_a_block_that_cannot_fit_the_context_is_refused():
+    from core_helpers import tiny_target
+    from domino_lab import Drafter
+
+    t = tiny_target(max_pos=24)
+    with pytest.raises(UserError, match="block_size 24 must be smaller than the context of 24 positions"):
+        Drafter.untrained(t, "domino", block_size=24)
+    assert Drafter.untrained(t, "domino", block_size=8).config.block_size == 8
+
+
+@pytest.mark.parametrize("flags, match", [
+    (["--tree-nodes", "8", "--draft-cutoff", "0.5"], "--draft-cutoff shortens a chain's drafts, and this run verifies "
+                                                     "trees"),
+    (["--tree-nodes", "8", "--tree-sampled"], "--tree-sampled samples a tree's nodes at T > 0"),
+])
+def test_generate_refuses_tree_flags_it_would_ignore(flags, match, monkeypatch):
+    from domino_lab import generate
+
+    monkeypatch.setattr("domino_lab.Target.from_pretrained", lambda *a, **k: pytest.fail("loaded a target"))
+    with pytest.raises(UserError, match=match):
+        generate.main(["--prompt", "def f(x):", "--max-new-tokens", "4", *flags])
+
+
+def test_export_refuses_a_verifier_its_format_does_not_record(tmp_path):
+    from domino_lab.export import main
+
+    with pytest.raises(UserError, match="--verifier is recorded by the speculators format only"):
+        main(["--drafter", "default", "--format", "domino", "--out", str(tmp_path / "e"), "--verifier", "foo"])
+    assert not (tmp_path / "e").exists()

@@ -75,6 +75,9 @@ class DrafterConfig:
         family(self.method).check_config(self)     # unknown methods and family-specific rules
         if self.block_size < 1 or (not self.shift_label and self.block_size < 2):
             raise UserError(f"block_size {self.block_size} is too small (needs >= {1 if self.shift_label else 2})")
+        if self.block_size >= self.max_position_embeddings:
+            raise UserError(f"block_size {self.block_size} must be smaller than the context of "
+                            f"{self.max_position_embeddings} positions (a block and its anchor sit in it)")
         if self.num_attention_heads % self.num_key_value_heads:
             raise UserError("num_attention_heads must be a multiple of num_key_value_heads")
         if not 0 <= self.frspec_k <= self.vocab_size:

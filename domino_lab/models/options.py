@@ -97,6 +97,12 @@ def check_tree_flags(args, tree_nodes: int) -> None:
     if given and not tree_nodes:
         raise UserError(f"--{given[0].replace('_', '-')} shapes a draft tree, and this run verifies chains: add "
                         "--tree-nodes N (N > 0) or drop the flag")
+    if getattr(args, "tree_sampled", None) and not getattr(args, "temperature", 0):
+        raise UserError("--tree-sampled samples a tree's nodes at T > 0, and at temperature 0 a tree is built "
+                        "best-first: set --temperature or drop --tree-sampled")
+    if tree_nodes and getattr(args, "draft_cutoff", None):
+        raise UserError("--draft-cutoff shortens a chain's drafts, and this run verifies trees: drop it, or bound the "
+                        "tree with --tree-min-prob P")
 
 
 def add_inference_args(p, block_size: bool = False) -> None:
