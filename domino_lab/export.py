@@ -34,6 +34,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if not args.out.strip():
+        raise UserError("--out is empty; name a new folder for the exported drafter")
     if args.verifier is not None and args.format != "speculators":
         raise UserError(f"--verifier is recorded by the speculators format only, and --format is {args.format}: drop "
                         "--verifier or use --format speculators")

@@ -122,7 +122,7 @@ def test_experiments_out_dir_is_checked_without_creating_it(tmp_path):
     from domino_lab.experiments.__main__ import check_writable
 
     (tmp_path / "a-file").write_text("x")
-    with pytest.raises(UserError, match="is not a writable folder"):
+    with pytest.raises(UserError, match="--out-dir .*a-file.*goes through .*a-file, which is a file, not a folder"):
         check_writable(tmp_path / "a-file" / "results")
     check_writable(tmp_path / "new" / "results")
     assert not (tmp_path / "new").exists()

@@ -221,3 +221,26 @@ def test_export_refuses_a_verifier_its_format_does_not_record(tmp_path):
     with pytest.raises(UserError, match="--verifier is recorded by the speculators format only"):
         main(["--drafter", "default", "--format", "domino", "--out", str(tmp_path / "e"), "--verifier", "foo"])
     assert not (tmp_path / "e").exists()
+
+
+def test_empty_names_are_one_error_each(tmp_path):
+    from domino_lab import Target
+    from domino_lab.experiments.__main__ import main as experiments
+    from domino_lab.export import main as export
+    from domino_lab.models import load_drafter
+    from domino_lab.regenerate import main as regenerate
+    from domino_lab.sweep.__main__ import main as sweep
+
+    with pytest.raises(UserError, match="--out is empty; name a new folder for the regenerated data"):
+        regenerate(["--n-math", "1", "--out", ""])
+    with pytest.raises(UserError, match="--out is empty; name a new folder for the exported drafter"):
+        export(["--drafter", "default-nocopy", "--format", "domino", "--out", ""])
+    with pytest.raises(UserError, match="--study-name is empty"):
+        sweep(["--study-name", "", "--prepare-only", "--runs-dir", str(tmp_path / "sw")])
+    assert not (tmp_path / "sw").exists()
+    with pytest.raises(UserError, match="the drafter name is empty"):
+        load_drafter("", Target.from_pretrained("default"))
+    with pytest.raises(UserError, match=r"^--runs-dir /proc/x: cannot create anything in /proc"):
+        experiments(["run", "block_size", "--quick", "--runs-dir", "/proc/x"])
+    with pytest.raises(UserError, match=r"^--out-dir /proc/x: cannot create anything in /proc"):
+        experiments(["run", "block_size", "--quick", "--out-dir", "/proc/x", "--runs-dir", str(tmp_path / "r")])

@@ -79,6 +79,7 @@ def run_dirs(args) -> tuple[Path, Path, str]:
     from ..config import default_runs_dir
 
     if args.runs_dir:
+        check_out_dir(Path(args.runs_dir).expanduser(), "--runs-dir")      # (before the tracking URI under it)
         runs_dir = root = Path(args.runs_dir).expanduser().resolve()
     else:
         root = default_runs_dir()
@@ -88,10 +89,7 @@ def run_dirs(args) -> tuple[Path, Path, str]:
 
 def check_writable(out_dir: Path) -> None:
     """--out-dir can be created and written, checked without creating it (errors.check_out_dir)."""
-    try:
-        check_out_dir(out_dir, "--out-dir")
-    except UserError as e:
-        raise UserError(f"--out-dir {out_dir} is not a writable folder: {e}") from None
+    check_out_dir(out_dir, "--out-dir")
 
 
 def run(args) -> dict:

@@ -337,6 +337,9 @@ def load_drafter(spec: str | None, target, seed: int = 0, options: InferenceOpti
     a shipped name, or a checkpoint dir; `options` says how to run it (default InferenceOptions())."""
     if spec is None or spec == "none":
         return None
+    if not str(spec).strip():
+        raise UserError("the drafter name is empty; pass a shipped name (default, default-dflash, ...), a drafter "
+                        "directory, untrained:METHOD, or none")
     return _resolve_drafter(spec, target, seed).set_options(options)
 
 

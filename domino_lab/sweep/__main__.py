@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from ..errors import run_cli
+from ..errors import UserError, run_cli
 from ..validation import check_int
 from .config import DEFAULT_SWEEP, load_sweep
 
@@ -54,6 +54,8 @@ def parse_args(argv=None):
     args = build_parser().parse_intermixed_args(argv)
     if args.threads is not None:        # checked with the rest, before any study or data exists
         check_int(args.threads, "--threads", 1, what=" (torch threads for this worker)")
+    if args.study_name is not None and not args.study_name.strip():
+        raise UserError("--study-name is empty; name the study (or leave the flag out for the sweep YAML's name)")
     overrides = list(args.overrides)
     for flag, key in (("study_name", "study_name"), ("n_trials", "n_trials"), ("storage", "storage"),
                       ("tracking_uri", "tracking_uri"), ("timeout", "timeout_min"), ("target", "target"),
