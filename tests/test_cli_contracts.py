@@ -104,15 +104,15 @@ def test_sweep_creates_nothing_for_a_bad_target_or_data_size(tmp_path, flags, ma
     assert not runs.exists()
 
 
-def test_train_refuses_more_taps_than_the_target_has_layers(tmp_path):
-    from domino_lab.train import main
+def test_train_refuses_more_taps_than_the_target_has_layers():
+    from domino_lab import Target
+    from domino_lab.training.config import DrafterOverrides, drafter_config
 
-    work = tmp_path / "x"
+    t = Target.from_pretrained("default")
     for k in (0, 99):
         with pytest.raises(UserError, match=f"drafter.num_taps must be from 1 to the target's 6 layers, got {k}"):
-            main(["--config", "experiments/configs/domino.yaml", "data.path=runs/regenerated/sweep-default",
-                  f"tracking_uri=sqlite:///{work}/ml.db", f"out_dir={work}/tr", "max_steps=1", f"drafter.num_taps={k}"])
-    assert not work.exists()
+            drafter_config(DrafterOverrides(num_taps=k), t)
+    assert drafter_config(DrafterOverrides(num_taps=2), t).target_layer_ids == [1, 3]
 
 
 def test_train_prints_its_result_once_under_data_parallelism(monkeypatch, capsys):
