@@ -154,12 +154,11 @@ def summarize(runs: list[Run], ref: list[Run] | None) -> dict:
     return out
 
 
-def bench_set(b: Bench, prompts: list[dict], warmup: int, progress: bool = True) -> dict:
+def bench_set(b: Bench, prompts: list[dict], ids: list[list[int]], warmup: int, progress: bool = True) -> dict:
     from tqdm.auto import tqdm
 
     from .decoding.metrics import speedup_bound
 
-    ids = [b.target.encode(p["prompt"]) for p in prompts]
     for x in ids[:warmup]:                      # warm-up: allocator, thread pools, HF's first-call work
         for m in b.methods:
             b.run(m, x)
@@ -202,7 +201,7 @@ def batched_left_out(b: Bench) -> dict[str, str]:
     return why
 
 
-def bench_batched(b: Bench, prompts: list[dict], sizes: list[int], rounds: int = 1, progress: bool = True,
+def bench_batched(b: Bench, ids: list[list[int]], sizes: list[int], rounds: int = 1, progress: bool = True,
                   threads: int | None = None, continuous: bool = False) -> dict:
     """Throughput of batched decoding (ragged acceptance) for `ar` and our drafters at several batch sizes.
     Each size decodes the same prompts in consecutive batches, every method on a batch before the next batch (the
@@ -216,7 +215,6 @@ def bench_batched(b: Bench, prompts: list[dict], sizes: list[int], rounds: int =
     from .decoding.batched import batched_generate
     from .target import decode_threads, torch_threads
 
-    ids = [b.target.encode(p["prompt"]) for p in prompts]
     left_out = batched_left_out(b)
     methods = [m for m in b.methods if (m == "ar" or m in b.drafters) and m not in left_out]
     batched_generate(b.target, None, ids[:2], 4)                       # warm-up
@@ -597,11 +595,10 @@ def main(argv: list[str] | None = None) -> int:
         extra.append(label)
     check_sampling_args(smp, [o for _, o in specs.values()], max(map(len, sets.values())), bool(args.batch_sizes))
     target = Target.from_pretrained(args.target, dtype=args.dtype)
-    from .decoding.engine import prompt_token_ids
+    from .decoding.engine import prompts_token_ids
 
-    for name, prompts in sets.items():      # every prompt fits the context, before anything is decoded
-        for i, p in enumerate(prompts, 1):
-            prompt_token_ids(target, p["prompt"], what=f"prompt {p['id']!r} (number {i} of set {name})")
+    # every prompt's ids, checked to fit the context before anything is decoded
+    ids = {name: prompts_token_ids(target, prompts, f"set {name}") for name, prompts in sets.items()}
     use_decode_threads(target, args.threads)
     drafters = {m: load_drafter(spec, target, options=o) for m, (spec, o) in specs.items()}
     skipped: dict[str, str] = {}     # default methods this target cannot run -> why
@@ -631,8 +628,8 @@ def main(argv: list[str] | None = None) -> int:
     b = Bench(target, methods, drafters, assistant, args.max_new_tokens, args.prompt_lookup_tokens, args.tree_nodes,
               smp)
     started = time.time()
-    results = {s: bench_set(b, prompts, args.warmup) for s, prompts in sets.items()}
-    batched = ({s: bench_batched(b, prompts, args.batch_sizes, args.batch_rounds, threads=args.threads,
+    results = {s: bench_set(b, prompts, ids[s], args.warmup) for s, prompts in sets.items()}
+    batched = ({s: bench_batched(b, ids[s], args.batch_sizes, args.batch_rounds, threads=args.threads,
                                  continuous=args.continuous)
                 for s, prompts in sets.items()} if args.batch_sizes else {})
     meta = {"command": "python -m domino_lab.bench " + " ".join(argv if argv is not None else sys.argv[1:]),

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 
-from .errors import UserError, run_cli
+from .errors import UserError, check_out_dir, run_cli
 
 FORMATS = ("domino", "dflash", "speculators")
 DTYPES = ("float32", "bfloat16", "float16")
@@ -34,8 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if not args.out.strip():
-        raise UserError("--out is empty; name a new folder for the exported drafter")
+    check_out_dir(args.out)            # empty, a file, not writable: before any model loads
     if args.verifier is not None and args.format != "speculators":
         raise UserError(f"--verifier is recorded by the speculators format only, and --format is {args.format}: drop "
                         "--verifier or use --format speculators")

@@ -49,7 +49,8 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from . import Target, speculative_generate
-    from .decoding.engine import RECORD_TOPK, check_lookup_mode, check_tree_mode, prompt_token_ids
+    from .decoding.engine import (RECORD_TOPK, check_lookup_mode, check_tree_mode, prompt_token_ids,
+                                  prompts_token_ids)
     from .sampling import check_sampling
     from .decoding.tree import check_tree_nodes
     from .models import InferenceOptions, load_drafter
@@ -80,9 +81,8 @@ def main(argv: list[str] | None = None) -> int:
     options = InferenceOptions.from_args(args)
     target = Target.from_pretrained(args.target, dtype=args.dtype, device=args.device)
     use_decode_threads(target, args.threads)
-    ids = [prompt_token_ids(target, row["prompt"], what="the prompt" if args.prompt is not None else
-                            f"prompt {row['id']!r} (number {i} of {args.prompts})")
-           for i, row in enumerate(prompts, 1)]
+    ids = ([prompt_token_ids(target, args.prompt)] if args.prompt is not None else
+           prompts_token_ids(target, prompts, args.prompts))
     drafter = load_drafter(args.drafter, target, seed=args.seed, options=options)
     check_lookup_mode(drafter, options.lookup)
     if args.tree_nodes:

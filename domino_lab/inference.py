@@ -229,10 +229,9 @@ def predict(target, drafter, prompts, *, max_new_tokens: int = 128, temperature:
     rows = [dict(row, _index=i) for i, row in enumerate(rows)]         # each prompt's seed (SpeculativeDecoder._seed)
     if isinstance(target, str):
         target = Target.from_pretrained(target, dtype=dtype)
-    from .decoding.engine import prompt_token_ids
+    from .decoding.engine import prompts_token_ids
 
-    for i, row in enumerate(rows, 1):       # every prompt fits the context, before anything is decoded
-        prompt_token_ids(target, row["prompt"], what=f"prompt {row['id']!r} (number {i} of {len(rows)})")
+    prompts_token_ids(target, rows)         # every prompt fits the context, before anything is decoded
     if isinstance(drafter, str):
         drafter = load_drafter(drafter, target, options=options)
     module = SpeculativeDecoder(target, drafter, max_new_tokens, temperature, top_p, block_size, seed, steps,

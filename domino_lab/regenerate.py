@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 
 from .errors import UserError, run_cli
 from .validation import TRAIN_SEED_MAX, check_device, check_number, check_seed
@@ -60,9 +59,7 @@ def main(argv: list[str] | None = None) -> int:
 
     check_seed(args.seed, "--seed", TRAIN_SEED_MAX)     # per-batch seeds are derived from it (64-bit room)
     check_device(args.device)
-    if not args.out.strip():
-        raise UserError("--out is empty; name a new folder for the regenerated data")
-    check_out_dir(Path(args.out))
+    check_out_dir(args.out)
     if args.prompts is not None:
         from .data.eval_sets import EVAL_SETS, OUTSIDE_SETS, load_eval_set
 

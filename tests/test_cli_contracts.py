@@ -231,9 +231,9 @@ def test_empty_names_are_one_error_each(tmp_path):
     from domino_lab.regenerate import main as regenerate
     from domino_lab.sweep.__main__ import main as sweep
 
-    with pytest.raises(UserError, match="--out is empty; name a new folder for the regenerated data"):
+    with pytest.raises(UserError, match="--out is empty; name a folder"):
         regenerate(["--n-math", "1", "--out", ""])
-    with pytest.raises(UserError, match="--out is empty; name a new folder for the exported drafter"):
+    with pytest.raises(UserError, match="--out is empty; name a folder"):
         export(["--drafter", "default-nocopy", "--format", "domino", "--out", ""])
     with pytest.raises(UserError, match="--study-name is empty"):
         sweep(["--study-name", "", "--prepare-only", "--runs-dir", str(tmp_path / "sw")])

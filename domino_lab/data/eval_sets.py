@@ -73,8 +73,11 @@ def load_eval_set(name_or_path: str, limit: int | None = None, cache_dir=None) -
     name = str(name_or_path)
     if not name.strip():
         raise UserError(f"the eval set name is empty; use one of {', '.join(EVAL_SETS)} or the path of a JSONL file")
-    if "+" in name and not Path(name).expanduser().is_file() and not _one_path(name):
-        items = [x for part in name.split("+") for x in load_eval_set(part, limit, cache_dir)]
+    parts = name.split("+")
+    # sets joined by +, unless the name is a file or no part is a set or a file (one path that holds a +)
+    if (len(parts) > 1 and not Path(name).expanduser().is_file()
+            and any(p in EVAL_SETS or Path(p).expanduser().is_file() for p in parts)):
+        items = [x for part in parts for x in load_eval_set(part, limit, cache_dir)]
         seen = set()
         for x in items:
             if x["id"] in seen:
@@ -100,13 +103,6 @@ def load_eval_set(name_or_path: str, limit: int | None = None, cache_dir=None) -
         items = read_prompts_jsonl(path)
     items = [dict(x) for x in items]  # fresh dicts: callers may mutate them without poisoning caches
     return items[:limit] if limit is not None else items
-
-
-def _one_path(name: str) -> bool:
-    """Whether a name with + in it is one (missing) file's path rather than sets joined by +: it reads as a path
-    and none of its parts is a set's name or an existing file."""
-    parts = name.split("+")
-    return _looks_like_file(name) and not any(p in EVAL_SETS or Path(p).expanduser().is_file() for p in parts)
 
 
 def _looks_like_file(name: str) -> bool:

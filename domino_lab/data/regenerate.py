@@ -32,6 +32,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator, Sequence
 
+from .. import errors
 from ..errors import UserError, atomic_path
 from ..validation import check_number
 from .eval_sets import check_prompt_text
@@ -172,24 +173,14 @@ def _check_settings(shard_dir: Path, settings: dict) -> None:
             tmp.write_text(json.dumps(settings, indent=2))
 
 
-def check_out_dir(out_dir: Path) -> None:
-    """Fail fast on an unusable --out without creating anything (nothing written for bad input)."""
-    if out_dir.exists() and not out_dir.is_dir():
-        raise UserError(f"--out {out_dir} is a file; give a folder path")
+def check_out_dir(out_dir: str | os.PathLike) -> Path:
+    """Fail fast on an unusable --out without creating anything (nothing written for bad input): what every output
+    folder must be (errors.check_out_dir), and new, empty or an earlier regenerate output (never clobber user data)."""
+    out_dir = errors.check_out_dir(out_dir, "--out")
     if out_dir.is_dir() and any(out_dir.iterdir()) and not (out_dir / SHARD_DIR).is_dir():
         raise UserError(f"--out {out_dir} is a non-empty folder that is not a regenerate output; "
                         "choose a new or empty folder")
-    probe = out_dir
-    while not probe.exists():
-        probe = probe.parent
-    if not probe.is_dir():
-        raise UserError(f"cannot create --out {out_dir}: {probe} is a file; choose another folder")
-    try:
-        # os.access lies for root and on read-only mounts; a real write does not
-        with tempfile.NamedTemporaryFile(dir=probe, prefix=".probe-"):
-            pass
-    except OSError as e:
-        raise UserError(f"cannot write to --out {out_dir} ({probe}: {e.strerror}); choose a writable folder") from None
+    return out_dir
 
 
 def _prepare_out_dir(out_dir: Path) -> Path:

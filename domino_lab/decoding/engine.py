@@ -42,6 +42,13 @@ def prompt_token_ids(target, prompt: str | None = None, prompt_ids=None, what: s
     return ids
 
 
+def prompts_token_ids(target, rows: list[dict], of: str | None = None) -> list[list[int]]:
+    """The token ids of every prompt of `rows` ({id, prompt}), all checked as prompt_token_ids does before anything
+    is decoded; an error names the prompt by its id and place (`of`: the set's name; default: the count)."""
+    return [prompt_token_ids(target, row["prompt"], what=f"prompt {row['id']!r} (number {i} of {of or len(rows)})")
+            for i, row in enumerate(rows, 1)]
+
+
 # The drafter's own top-k when the records keep none: the draft-length cutoff estimates each draft's probability
 # from its final top-k logits (sampling.confident_prefix), so that estimate must not depend on what is recorded.
 DRAFT_TOPK = 5

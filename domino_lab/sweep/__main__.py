@@ -98,13 +98,9 @@ def main(argv=None) -> int:
         if args.threads is not None:
             torch.set_num_threads(args.threads)
         _quiet()
-        from ..target import Target
-        from .config import trial_config
         from .runner import prepare, run_worker
 
-        base = trial_config(sweep, {}, 0)
-        # a target that cannot load fails before the sweep creates its folder, study and tracking store
-        runner = prepare(sweep, target=Target.from_pretrained(base.target, dtype=base.dtype))
+        runner = prepare(sweep)
         if args.prepare_only:
             where = runner.storage_url.split("@")[-1]
             print(f"study '{sweep.study_name}' ready in {where} ({len(runner.study.trials)} trial(s) so far); "

@@ -58,8 +58,13 @@ def _first_line(e: Exception) -> str:
 class SweepRunner:
     """One worker's view of a sweep: `prepare()` then `run_worker()` (the module functions do both)."""
 
-    def __init__(self, sweep: SweepConfig):
+    def __init__(self, sweep: SweepConfig, target=None):
+        from ..target import Target
+
         self.sweep = sweep
+        self.base = trial_config(sweep, {}, 0)
+        # a target that cannot load fails before the sweep creates its folder, study and tracking store
+        self.target = target or Target.from_pretrained(self.base.target, dtype=self.base.dtype)
         self.dir = Path(sweep.out_dir) / sweep.study_name
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
@@ -75,18 +80,14 @@ class SweepRunner:
         self.tracking_uri = sweep.tracking_uri or default_tracking_uri(sweep.runs_dir)
         with self._setup_lock():
             self.client = MlflowClient(self.tracking_uri)      # creates MLflow's tables if the file is new
-        self.base = trial_config(sweep, {}, 0)
         self.study = None
         self.parent = None
-        self.target = None
         self.confirm_prompts: list[list[int]] = []
 
     # ---- shared state, made once --------------------------------------------------------------------
-    def prepare(self, target=None) -> "SweepRunner":
+    def prepare(self) -> "SweepRunner":
         from ..data.regenerate import ensure_regenerated
-        from ..target import Target
 
-        self.target = target or Target.from_pretrained(self.base.target, dtype=self.base.dtype)
         ensure_regenerated(self.base.data.path, self.target, n_math=self.sweep.regen_math,
                            n_code=self.sweep.regen_code, max_new_tokens=self.sweep.regen_max_new_tokens,
                            target_name=self.base.target, log_prefix="[sweep]")
@@ -331,7 +332,7 @@ class SweepRunner:
 def prepare(sweep: SweepConfig, target=None) -> SweepRunner:
     """Create what the workers of a sweep share (see the module docstring); running it again changes nothing.
     Returns the prepared runner, which `run_worker` can continue with."""
-    return SweepRunner(sweep).prepare(target=target)
+    return SweepRunner(sweep, target).prepare()
 
 
 def run_worker(sweep: SweepConfig, runner: SweepRunner | None = None) -> dict:
