@@ -543,6 +543,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.tree_nodes == 0 and set(TREE_METHODS) & set(args.methods):
         raise UserError("--tree-nodes must be >= 1 for the dflash-tree and domino-tree methods (0 is the chain: "
                         "bench dflash / domino for that)")
+    tree_flags = [f for f in ("tree_min_prob", "tree_sampled") if getattr(args, f) is not None]
+    if tree_flags and not set(TREE_METHODS) & set(args.methods):
+        raise UserError(f"--{tree_flags[0].replace('_', '-')} shapes the trees of the dflash-tree and domino-tree "
+                        "methods, and none is benched: add one to --methods or drop the flag")
     if any(x < 1 for x in args.batch_sizes):
         raise UserError("--batch-sizes must be positive integers")
     if args.batch_rounds < 1:
