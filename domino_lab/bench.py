@@ -20,6 +20,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import sys
 import time
 from dataclasses import dataclass
@@ -547,6 +548,10 @@ def main(argv: list[str] | None = None) -> int:
     if tree_flags and not set(TREE_METHODS) & set(args.methods):
         raise UserError(f"--{tree_flags[0].replace('_', '-')} shapes the trees of the dflash-tree and domino-tree "
                         "methods, and none is benched: add one to --methods or drop the flag")
+    trees = [m for m in args.methods if m in TREE_METHODS]
+    if args.draft_cutoff and trees:
+        raise UserError(f"--draft-cutoff shortens chains, and {trees[0]} verifies a tree (bounded by --tree-min-prob "
+                        "instead): give --methods without the tree methods, or drop --draft-cutoff")
     if any(x < 1 for x in args.batch_sizes):
         raise UserError("--batch-sizes must be positive integers")
     if args.batch_rounds < 1:
@@ -697,6 +702,12 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if notes else 0
 
 
+def mlflow_key(name: str) -> str:
+    """`name` with every character MLflow refuses in a param or metric key (it takes letters, digits and `_-. /`)
+    replaced by `_`: drafter labels such as `domino+lookup` come from the command line."""
+    return re.sub(r"[^A-Za-z0-9_\-. /]", "_", name)
+
+
 def _log_mlflow(results: dict, meta: dict, out: Path, uri: str | None) -> None:
     import mlflow
 
@@ -707,14 +718,14 @@ def _log_mlflow(results: dict, meta: dict, out: Path, uri: str | None) -> None:
     with mlflow.start_run(run_name=f"bench-{meta['date']}"):
         mlflow.log_params({"target": meta["target"], "max_new_tokens": meta["max_new_tokens"],
                            **{f"sampling.{k}": v for k, v in meta["sampling"].items()},
-                           **{f"drafter.{k}": v for k, v in meta["drafters"].items()}})
+                           **{mlflow_key(f"drafter.{k}"): v for k, v in meta["drafters"].items()}})
         for s, res in results.items():
             for m, r in res.items():
                 if m.startswith("_"):
                     continue
                 for k in ("tau", "tokens_per_s", "speedup_vs_ar", "speedup_vs_hf"):
                     if r.get(k) is not None:
-                        mlflow.log_metric(f"bench/{s}/{m}/{k}".replace("-", "_"), r[k])
+                        mlflow.log_metric(mlflow_key(f"bench/{s}/{m}/{k}"), r[k])
         mlflow.log_artifacts(str(out))
 
 

@@ -26,8 +26,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_threads_arg(p)
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="prompt text")
-    src.add_argument("--prompts", help="an eval set (math, humaneval, code) or a JSONL file of {\"id\", \"prompt\"} "
-                                       "lines; one JSON result per line out")
+    src.add_argument("--prompts", help="an eval set (math, humaneval, code, unseen, fresh) or a JSONL file of "
+                                       "{\"id\", \"prompt\"} lines; each prompt's text in turn (with --json, one "
+                                       "JSON object per line)")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--top-p", type=float, default=1.0)

@@ -246,7 +246,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m domino_lab.inference", description=__doc__.split("\n\n")[0])
     p.add_argument("--target", default="default")
     p.add_argument("--drafter", default="default", help="checkpoint dir, shipped name, or 'none'")
-    p.add_argument("--prompts", required=True, help="eval set name (math, humaneval, code) or JSONL file")
+    p.add_argument("--prompts", required=True, help="eval set name (math, humaneval, code, unseen, fresh) or JSONL file")
     p.add_argument("--out", required=True, help="JSONL output (one row per prompt; rank files under DDP)")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=0.0)

@@ -182,11 +182,13 @@ def load_drafters(args, target) -> dict:
 
 def run_bench(target, drafters: dict, prompts, args, dev):
     from domino_lab.bench import Bench, bench_set
+    from domino_lab.decoding.engine import prompts_token_ids
 
     methods = ["ar", "hf"] + list(drafters)
     b = Bench(target, methods, drafters, max_new_tokens=args.max_new_tokens)
+    ids = prompts_token_ids(target, prompts, "set math")
     sync(dev)
-    return bench_set(b, prompts, warmup=1, progress=False)
+    return bench_set(b, prompts, ids, warmup=1, progress=False)
 
 
 def check_decoding(args, dev, table: Table) -> None:

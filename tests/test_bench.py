@@ -49,19 +49,19 @@ def test_quick_bench_writes_table_json_and_checks_losslessness(dirs, tmp_path, c
             "--domino", str(root / "domino"), "--dflash", str(root / "dflash"), "--assistant", adir,
             "--batch-sizes", "1", "2", "--batch-rounds", "2", "--candidate-pool", "0", "--mlflow", "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}",
             "--drafter", "chain=untrained:eagle",      # any registered method, under its own label
-            "--drafter", f"cut={root / 'domino'}@draft_cutoff=0.4",     # with options of its own
+            "--drafter", f"d+cut={root / 'domino'}@draft_cutoff=0.4",   # with options of its own
             "--project", str(regime)]
     assert main(argv) == 0
     res = json.loads((out / "bench.json").read_text())["results"]["prompts"]
-    methods = {"ar", "hf", "hf-prompt-lookup", "hf-assisted", "dflash", "domino-eager", "domino", "chain", "cut"}
+    methods = {"ar", "hf", "hf-prompt-lookup", "hf-assisted", "dflash", "domino-eager", "domino", "chain", "d+cut"}
     assert methods <= set(res)
     meta = json.loads((out / "bench.json").read_text())["meta"]
     bounds = json.loads((out / "bench.json").read_text())["projection"]["bounds"]["prompts"]
-    assert set(bounds) == {"dflash", "domino", "cut"}         # chains of block drafters only (not eagle, not ar)
+    assert set(bounds) == {"dflash", "domino", "d+cut"}         # chains of block drafters only (not eagle, not ar)
     assert bounds["domino"]["A"] == pytest.approx(res["domino"]["tau"] * 10.0 / 20.0)
     assert bounds["domino"]["B"] == pytest.approx(res["domino"]["tau"] * 100.0 / 100.0)
     assert "a projection, not a measurement" in (out / "bench.md").read_text()
-    assert meta["options"]["cut"]["draft_cutoff"] == 0.4 and meta["options"]["domino"]["draft_cutoff"] == 0
+    assert meta["options"]["d+cut"]["draft_cutoff"] == 0.4 and meta["options"]["domino"]["draft_cutoff"] == 0
     for m in methods - {"ar"}:
         assert res[m]["lossless"]["equal"] == res[m]["lossless"]["total"] == 2, m
         assert res[m]["tokens_per_s"] > 0 and res[m]["speedup_vs_ar"] > 0
@@ -81,6 +81,14 @@ def test_quick_bench_writes_table_json_and_checks_losslessness(dirs, tmp_path, c
     md = (out / "bench.md").read_text()
     assert "| hf-assisted |" in md and "equals `ar`" in md
     assert (out / "speedup.png").exists() and (out / "accept_pos.png").exists()
+    # MLflow: one run with every method's numbers under bench/{set}/{method}/..., labels made valid keys
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    (run,) = client.search_runs([client.get_experiment_by_name("bench").experiment_id])
+    assert run.data.metrics["bench/prompts/hf-prompt-lookup/tau"] == pytest.approx(res["hf-prompt-lookup"]["tau"])
+    assert run.data.metrics["bench/prompts/d_cut/tokens_per_s"] == pytest.approx(res["d+cut"]["tokens_per_s"])
+    assert run.data.params["drafter.d_cut"] == str(root / "domino")
 
 
 def test_sampled_bench_gumbel_checks_every_sample_against_ar(dirs, tmp_path):

@@ -164,6 +164,7 @@ def test_bench_says_which_drafters_the_batched_table_leaves_out(tmp_path):
     (["--tracking-uri", "sqlite:///x.db"], "--tracking-uri says where --mlflow logs: add --mlflow"),
     (["--methods", "ar", "dflash", "--tree-min-prob", "0.03"], "--tree-min-prob shapes the trees .* none is benched"),
     (["--methods", "ar", "domino", "--tree-sampled"], "--tree-sampled shapes the trees"),
+    (["--draft-cutoff", "0.2"], "--draft-cutoff shortens chains, and dflash-tree verifies a tree"),
 ])
 def test_bench_refuses_flags_it_would_ignore(tmp_path, flags, match):
     from domino_lab.bench import main

@@ -108,8 +108,8 @@ def check_tree_flags(args, tree_nodes: int) -> None:
 def add_inference_args(p, block_size: bool = False) -> None:
     """--head-impl / --candidate-pool (and --block-size) for every CLI that runs a drafter."""
     p.add_argument("--head-impl", default=None, choices=HEAD_IMPLS,
-                   help="Domino head inference path: fused (one C++ loop, CPU greedy; the default), fast (table + pool "
-                        "in torch ops), compiled (torch.compile), eager (reference)")
+                   help="Domino head inference path: fused (one C++ loop on the CPU, greedy or sampled; the default), "
+                        "fast (table + pool in torch ops), compiled (torch.compile), eager (reference)")
     p.add_argument("--candidate-pool", type=int, default=None,
                    help="greedy: score the head's correction on the top-K candidates only (0 = full vocabulary, "
                         "exact; default 64); sampling always scores the whole draft vocabulary")
