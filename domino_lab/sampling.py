@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import numbers
 
 import numpy as np
 import torch
@@ -23,7 +24,8 @@ def check_sampling(temperature: float, top_p: float = 1.0, sampler: str = "rejec
     """One clear error for settings no decoder can sample with: T < 0, top-p outside (0, 1], an unknown sampler, or a
     sampled tree (its children drawn for rejection sampling) under the gumbel sampler, whose tree is built from the
     noisy scores instead."""
-    if not 0 <= temperature < math.inf or not 0 < top_p <= 1:      # (written so that NaN fails too)
+    real = all(isinstance(v, numbers.Real) and not isinstance(v, bool) for v in (temperature, top_p))
+    if not real or not 0 <= temperature < math.inf or not 0 < top_p <= 1:   # (written so that NaN fails too)
         raise UserError("temperature must be a finite number >= 0 and top_p in (0, 1]")
     if sampler not in SAMPLERS:
         raise UserError(f"unknown sampler {sampler!r}; use one of {list(SAMPLERS)}")

@@ -6,6 +6,7 @@ config dataclasses, the CLIs, the engine and the dashboard all ask these, so eve
 from __future__ import annotations
 
 import math
+import numbers
 
 from .errors import UserError
 
@@ -14,7 +15,7 @@ TRAIN_SEED_MAX = (1 << 32) - 1    # seed_everything also seeds numpy, which take
 
 
 def _is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)     # (numpy integers too)
 
 
 def _is_number(value) -> bool:
@@ -52,12 +53,21 @@ def check_number(value, name: str, low: float | None = None, high: float | None 
     return float(value)
 
 
+def check_drafter(drafter) -> None:
+    """A decoder's drafter is a loaded drafter or None (plain decoding), not a name or a path."""
+    if drafter is not None and not (hasattr(drafter, "config") and hasattr(drafter, "options")):
+        raise UserError(f"drafter must be a loaded drafter (domino_lab.models.load_drafter(name_or_dir, target)) or None, "
+                        f"got {type(drafter).__name__} {drafter!r:.60}")
+
+
 def check_token_ids(ids, vocab_size: int, what: str = "the prompt") -> list[int]:
     """Prompt token ids as a list of ints, each a row of the target's embedding: [0, vocab_size). Integral floats and
     tensor / numpy elements are taken; anything else is one error naming the first bad id."""
     out = []
     if hasattr(ids, "tolist"):          # a tensor or array: its elements as Python numbers, in one call
         ids = ids.tolist()
+    if isinstance(ids, (str, bytes)) or not hasattr(ids, "__iter__"):
+        raise UserError(f"{what} must be a list of token ids, got {type(ids).__name__} {ids!r:.40}")
     for t in ids:
         try:
             v = int(t)

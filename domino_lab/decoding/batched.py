@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 from .. import sampling
 from ..errors import UserError
-from ..validation import check_seed, check_token_ids
+from ..validation import check_drafter, check_int, check_seed, check_token_ids
 from ..models.options import BATCH_DRAFTS
 from .adaptive import DraftCount
 from .kv_cache import (attends, check_layers, check_recording, cut_back_rows, drop_outside_windows, layer_masks,
@@ -110,11 +110,16 @@ def batched_generate(target, drafter, prompts_ids: list[list[int]], max_new_toke
     slots: at most this many rows decode at once, and a row that finishes hands its slot to the next waiting prompt
     (continuous batching: a batch's speed then follows its rows' mean acceptance rather than its slowest row's);
     None = every prompt at once. Each prompt's output does not depend on it."""
-    if not prompts_ids or any(len(p) == 0 for p in prompts_ids):
+    check_drafter(drafter)
+    if hasattr(prompts_ids, "tolist"):             # a 2D tensor or array: one row per prompt
+        prompts_ids = prompts_ids.tolist()
+    if isinstance(prompts_ids, str) or not prompts_ids or not all(
+            isinstance(p, (list, tuple)) or hasattr(p, "tolist") for p in prompts_ids):
+        raise UserError("prompts_ids must be a list with one list of token ids per prompt")
+    if any(len(p) == 0 for p in prompts_ids):
         raise UserError("every prompt of the batch needs at least one token")
     prompts_ids = [check_token_ids(p, target.vocab_size, f"prompt {i}") for i, p in enumerate(prompts_ids)]
-    if max_new_tokens < 1:
-        raise UserError("max_new_tokens must be >= 1")
+    check_int(max_new_tokens, "max_new_tokens", 1)
     if drafts is None:
         drafts = drafter.options.batch_drafts if drafter is not None else "all"
     fixed = None                                   # a fixed draft count, when `drafts` is a number

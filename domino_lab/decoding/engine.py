@@ -13,7 +13,7 @@ from typing import Callable
 import torch
 
 from ..errors import UserError
-from ..validation import check_seed, check_token_ids
+from ..validation import check_drafter, check_int, check_seed, check_token_ids
 from .records import GenerationResult, StepRecord
 from . import tree as trees
 from .adaptive import PlainFallback
@@ -29,6 +29,8 @@ def prompt_token_ids(target, prompt: str | None = None, prompt_ids=None, what: s
     if (prompt is None) == (prompt_ids is None):
         raise UserError("give exactly one of prompt (text) or prompt_ids")
     if prompt is not None:
+        if not isinstance(prompt, str):
+            raise UserError(f"{what} must be text (a str); pass token ids as prompt_ids, got {type(prompt).__name__}")
         if not prompt.strip():
             raise UserError(f"{what} is empty; give some text to continue")
         ids = target.encode(prompt)
@@ -80,13 +82,14 @@ def speculative_generate(target, drafter=None, prompt: str | None = None, prompt
     `sampler` (T > 0): "rejection", standard speculative sampling (the drafter samples; exact in distribution), or
     "gumbel", Gumbel-max coupling (sampling.GumbelNoise: the text is a function of the seed alone, the same for
     plain decoding and every drafter, chain or tree; docs/design.md#gumbel-coupled-sampling)."""
-    if max_new_tokens < 1:
-        raise UserError("max_new_tokens must be >= 1")
+    check_int(max_new_tokens, "max_new_tokens", 1)
+    check_drafter(drafter)
     sampling.check_sampling(temperature, top_p, sampler, drafter is not None and drafter.options.tree_sampled)
     if seed is not None:
         check_seed(seed)
-    if topk < 0:
-        raise UserError(f"topk must be >= 0 (0 = no top-k in the step records), got {topk}")
+    check_int(topk, "topk", 0, what=" (0 = no top-k in the step records)")
+    if block_size is not None:
+        check_int(block_size, "block_size", 1)
     draft_k = topk or DRAFT_TOPK
     tree_nodes = trees.check_tree_nodes(tree_nodes)
     if tree_nodes:

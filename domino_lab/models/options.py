@@ -2,6 +2,7 @@
 bench and the dashboard and are not saved with a checkpoint (DrafterConfig is the architecture; it is)."""
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 
 from ..errors import UserError
@@ -57,6 +58,15 @@ class InferenceOptions:
     adaptive_drafts: bool = False
 
     def __post_init__(self):
+        # types first: a string or a float count would otherwise fail deep inside a decode, far from its cause
+        for name in ("candidate_pool", "lookup") + (("block_size",) if self.block_size is not None else ()):
+            v = getattr(self, name)
+            if not isinstance(v, numbers.Integral) or isinstance(v, bool):
+                raise UserError(f"{name.replace('_', ' ')} must be a whole number, got {v!r}")
+        for name in ("draft_cutoff", "tree_min_prob"):
+            v = getattr(self, name)
+            if not isinstance(v, numbers.Real) or isinstance(v, bool):
+                raise UserError(f"{name.replace('_', ' ')} must be a number, got {v!r}")
         if self.head_impl not in HEAD_IMPLS:
             raise UserError(f"unknown head implementation '{self.head_impl}'; use one of {list(HEAD_IMPLS)}")
         if self.candidate_pool < 0:
