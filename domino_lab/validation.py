@@ -25,7 +25,7 @@ def _is_number(value) -> bool:
 def check_seed(seed, name: str = "seed", high: int = SEED_MAX) -> int:
     if not _is_int(seed) or not 0 <= seed <= high:
         raise UserError(f"{name} must be a whole number between 0 and {high}, got {seed!r}")
-    return seed
+    return int(seed)          # (torch generators take a Python int, not a numpy integer)
 
 
 def check_int(value, name: str, low: int | None = None, high: int | None = None, what: str = "") -> int:
@@ -34,7 +34,7 @@ def check_int(value, name: str, low: int | None = None, high: int | None = None,
     if not ok:
         rng = (f">= {low}" if high is None else f"<= {high}" if low is None else f"between {low} and {high}")
         raise UserError(f"{name} must be a whole number {rng}{what}, got {value!r}")
-    return value
+    return int(value)
 
 
 def check_number(value, name: str, low: float | None = None, high: float | None = None,

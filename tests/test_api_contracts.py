@@ -27,6 +27,9 @@ def target():
     ({"block_size": "4"}, "block size must be a whole number"),
     ({"draft_cutoff": "0.5"}, "draft cutoff must be a number"),
     ({"tree_min_prob": None}, "tree min prob must be a number"),
+    ({"full_vocab": "no"}, "full vocab must be true or false"),        # a non-empty string would switch it on
+    ({"adaptive_drafts": 1}, "adaptive drafts must be true or false"),
+    ({"lookup": 17}, "lookup must be from 0 to 16"),                    # no suffix match is that long: never copies
 ])
 def test_inference_options_check_their_types(kw, match):
     with pytest.raises(UserError, match=match):
@@ -42,6 +45,7 @@ def test_inference_options_check_their_types(kw, match):
     ({"prompt": "a", "temperature": "0"}, "temperature must be a finite number"),
     ({"prompt": "a", "topk": 2.5}, "topk must be a whole number >= 0"),
     ({"prompt": "a", "block_size": "4"}, "block_size must be a whole number >= 1"),
+    ({"prompt": "a", "tree_nodes": True}, "tree_nodes must be a whole number"),
 ])
 def test_speculative_generate_checks_its_arguments(target, kw, match):
     with pytest.raises(UserError, match=match):
@@ -67,6 +71,12 @@ def test_numpy_numbers_and_tensors_are_taken(target):
     a = speculative_generate(target, None, prompt="def f(x):", max_new_tokens=np.int64(4), temperature=np.float32(0))
     b = speculative_generate(target, None, prompt="def f(x):", max_new_tokens=4)
     assert a.token_ids == b.token_ids and len(b.token_ids) == 4
+    c = speculative_generate(target, None, prompt="def f(x):", max_new_tokens=4, seed=np.int64(3))
+    assert c.token_ids == b.token_ids
     ids = target.encode("def f(x):")
     res = batched_generate(target, None, torch.tensor([ids, ids]), max_new_tokens=4)
+    assert res.token_ids == [b.token_ids, b.token_ids]
+    d = Drafter.untrained(target, "domino", block_size=4)
+    res = batched_generate(target, d, (p for p in [ids, ids]), max_new_tokens=np.int64(4), drafts=np.int64(2),
+                           slots=np.int64(1))                          # a generator of prompts is read once
     assert res.token_ids == [b.token_ids, b.token_ids]

@@ -14,6 +14,7 @@ row's output equals its own decoding, token for token, either way.
 """
 from __future__ import annotations
 
+import numbers
 import time
 from dataclasses import dataclass, field
 
@@ -71,9 +72,9 @@ def check_batched_mode(drafter, temperature: float, top_p: float = 1.0, sampler:
 
 def check_slots(slots: int | None) -> int | None:
     """The rows a queue decodes at once (None = every prompt at once), or one error."""
-    if slots is not None and (isinstance(slots, bool) or not isinstance(slots, int) or slots < 1):
+    if slots is not None and (isinstance(slots, bool) or not isinstance(slots, numbers.Integral) or slots < 1):
         raise UserError(f"slots must be a whole number >= 1 (the rows decoded at once), got {slots!r}")
-    return slots
+    return None if slots is None else int(slots)
 
 
 def compact(feats: torch.Tensor, valid: torch.Tensor, pos: torch.Tensor) -> tuple:
@@ -113,17 +114,20 @@ def batched_generate(target, drafter, prompts_ids: list[list[int]], max_new_toke
     check_drafter(drafter)
     if hasattr(prompts_ids, "tolist"):             # a 2D tensor or array: one row per prompt
         prompts_ids = prompts_ids.tolist()
+    elif not isinstance(prompts_ids, (str, bytes)) and hasattr(prompts_ids, "__iter__"):
+        prompts_ids = list(prompts_ids)            # (a generator is read once)
     if isinstance(prompts_ids, str) or not prompts_ids or not all(
             isinstance(p, (list, tuple)) or hasattr(p, "tolist") for p in prompts_ids):
         raise UserError("prompts_ids must be a list with one list of token ids per prompt")
     if any(len(p) == 0 for p in prompts_ids):
         raise UserError("every prompt of the batch needs at least one token")
     prompts_ids = [check_token_ids(p, target.vocab_size, f"prompt {i}") for i, p in enumerate(prompts_ids)]
-    check_int(max_new_tokens, "max_new_tokens", 1)
+    max_new_tokens = check_int(max_new_tokens, "max_new_tokens", 1)
     if drafts is None:
         drafts = drafter.options.batch_drafts if drafter is not None else "all"
     fixed = None                                   # a fixed draft count, when `drafts` is a number
-    if isinstance(drafts, int) and not isinstance(drafts, bool):
+    if isinstance(drafts, numbers.Integral) and not isinstance(drafts, bool):
+        drafts = int(drafts)
         most = drafter.config.num_drafts if drafter is not None else 0
         if not 0 <= drafts <= most:
             raise UserError(f"a fixed draft count must be a whole number from 0 to the drafter's {most} drafts, got "
@@ -139,7 +143,8 @@ def batched_generate(target, drafter, prompts_ids: list[list[int]], max_new_toke
     for row_seed in row_seeds:
         check_seed(row_seed)
     dev, b = target.device, len(prompts_ids)
-    slots = b if check_slots(slots) is None else slots
+    slots = check_slots(slots)
+    slots = b if slots is None else slots
     width = max(map(len, prompts_ids))
     if width >= target.max_length:
         raise UserError(f"a prompt has {width} tokens but the target's context is {target.max_length}")

@@ -86,7 +86,8 @@ def speculative_generate(target, drafter=None, prompt: str | None = None, prompt
     check_drafter(drafter)
     sampling.check_sampling(temperature, top_p, sampler, drafter is not None and drafter.options.tree_sampled)
     if seed is not None:
-        check_seed(seed)
+        seed = check_seed(seed)
+    max_new_tokens = int(max_new_tokens)
     check_int(topk, "topk", 0, what=" (0 = no top-k in the step records)")
     if block_size is not None:
         check_int(block_size, "block_size", 1)

@@ -13,7 +13,9 @@ from collections import deque
 
 import torch
 
-MAX_NGRAM = 16      # longest suffix matched; longer matches are tried first (they are the most reliable)
+from ..models.options import LOOKUP_MAX
+
+MAX_NGRAM = LOOKUP_MAX      # longest suffix matched; longer matches are tried first (they are the most reliable)
 MIN_RECORD = 4      # tokens at which a copy had a match before `offer` trusts the text's record of them
 
 

@@ -38,7 +38,7 @@ MAX_TREE_NODES = 1024
 def check_tree_nodes(n, what: str = "tree_nodes") -> int:
     """A node budget as given by a user: a whole number 0..MAX_TREE_NODES (0 = chain verification)."""
     try:
-        ok = int(n) == n and 0 <= int(n) <= MAX_TREE_NODES
+        ok = not isinstance(n, bool) and int(n) == n and 0 <= int(n) <= MAX_TREE_NODES
     except (TypeError, ValueError):
         ok = False
     if not ok:

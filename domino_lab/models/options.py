@@ -9,6 +9,7 @@ from ..errors import UserError
 
 HEAD_IMPLS = ("fused", "fast", "compiled", "eager")
 BATCH_DRAFTS = ("adaptive", "all")
+LOOKUP_MAX = 16      # the longest text suffix lookup drafting matches (decoding/lookup.py): a larger minimum never copies
 
 
 @dataclass
@@ -67,15 +68,18 @@ class InferenceOptions:
             v = getattr(self, name)
             if not isinstance(v, numbers.Real) or isinstance(v, bool):
                 raise UserError(f"{name.replace('_', ' ')} must be a number, got {v!r}")
+        for name in ("full_vocab", "tree_sampled", "adaptive_drafts"):
+            if not isinstance(getattr(self, name), bool):     # "no" would be truthy, and switch it on
+                raise UserError(f"{name.replace('_', ' ')} must be true or false, got {getattr(self, name)!r}")
         if self.head_impl not in HEAD_IMPLS:
             raise UserError(f"unknown head implementation '{self.head_impl}'; use one of {list(HEAD_IMPLS)}")
         if self.candidate_pool < 0:
             raise UserError(f"candidate pool must be >= 0 (0 = full vocabulary), got {self.candidate_pool}")
         if not 0.0 <= self.draft_cutoff < 1.0:
             raise UserError(f"draft cutoff must be in [0, 1) (0 = verify every draft), got {self.draft_cutoff}")
-        if self.lookup < 0:
-            raise UserError(f"lookup must be >= 0 (the shortest suffix match that drafts by copying; 0 = off), "
-                            f"got {self.lookup}")
+        if not 0 <= self.lookup <= LOOKUP_MAX:
+            raise UserError(f"lookup must be from 0 to {LOOKUP_MAX} (the shortest suffix match that drafts by copying; "
+                            f"0 = off), got {self.lookup}")
         if not 0.0 <= self.tree_min_prob < 1.0:
             raise UserError(f"tree min prob must be in [0, 1) (0 = fill the node budget), got {self.tree_min_prob}")
         if self.tree_sampled and self.tree_min_prob > 0:
