@@ -228,7 +228,7 @@ def test_config_validation():
 
 
 @pytest.mark.parametrize("field,bad,match,flag,value,default", [
-    ("lookup", [-1], "lookup must be >= 0", "--lookup", "3", 0),
+    ("lookup", [-1, 17], "lookup must be from 0 to 16", "--lookup", "3", 0),
     ("draft_cutoff", [1.0], "draft cutoff", "--draft-cutoff", "0.2", 0.0),
     ("tree_min_prob", [-0.1, 1.0], "tree min prob", "--tree-min-prob", "0.05", 0.0),
 ])
