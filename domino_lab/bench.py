@@ -20,7 +20,6 @@ import argparse
 import json
 import os
 import platform
-import re
 import sys
 import time
 from dataclasses import dataclass
@@ -541,14 +540,14 @@ def main(argv: list[str] | None = None) -> int:
 
     if check_tree_nodes(args.tree_nodes, "--tree-nodes") == 0 and not named:
         args.methods = [m for m in args.methods if m not in TREE_METHODS]      # 0 nodes = chains only
-    if args.tree_nodes == 0 and set(TREE_METHODS) & set(args.methods):
+    trees = [m for m in args.methods if m in TREE_METHODS]
+    if args.tree_nodes == 0 and trees:
         raise UserError("--tree-nodes must be >= 1 for the dflash-tree and domino-tree methods (0 is the chain: "
                         "bench dflash / domino for that)")
     tree_flags = [f for f in ("tree_min_prob", "tree_sampled") if getattr(args, f) is not None]
-    if tree_flags and not set(TREE_METHODS) & set(args.methods):
+    if tree_flags and not trees:
         raise UserError(f"--{tree_flags[0].replace('_', '-')} shapes the trees of the dflash-tree and domino-tree "
                         "methods, and none is benched: add one to --methods or drop the flag")
-    trees = [m for m in args.methods if m in TREE_METHODS]
     if args.draft_cutoff and trees:
         raise UserError(f"--draft-cutoff shortens chains, and {trees[0]} verifies a tree (bounded by --tree-min-prob "
                         "instead): give --methods without the tree methods, or drop --draft-cutoff")
@@ -702,16 +701,10 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if notes else 0
 
 
-def mlflow_key(name: str) -> str:
-    """`name` with every character MLflow refuses in a param or metric key (it takes letters, digits and `_-. /`)
-    replaced by `_`: drafter labels such as `domino+lookup` come from the command line."""
-    return re.sub(r"[^A-Za-z0-9_\-. /]", "_", name)
-
-
 def _log_mlflow(results: dict, meta: dict, out: Path, uri: str | None) -> None:
     import mlflow
 
-    from .training.tracking import default_tracking_uri
+    from .training.tracking import default_tracking_uri, mlflow_key
 
     mlflow.set_tracking_uri(uri or default_tracking_uri())
     mlflow.set_experiment("bench")

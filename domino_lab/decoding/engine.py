@@ -82,15 +82,14 @@ def speculative_generate(target, drafter=None, prompt: str | None = None, prompt
     `sampler` (T > 0): "rejection", standard speculative sampling (the drafter samples; exact in distribution), or
     "gumbel", Gumbel-max coupling (sampling.GumbelNoise: the text is a function of the seed alone, the same for
     plain decoding and every drafter, chain or tree; docs/design.md#gumbel-coupled-sampling)."""
-    check_int(max_new_tokens, "max_new_tokens", 1)
+    max_new_tokens = check_int(max_new_tokens, "max_new_tokens", 1)
     check_drafter(drafter)
     sampling.check_sampling(temperature, top_p, sampler, drafter is not None and drafter.options.tree_sampled)
     if seed is not None:
         seed = check_seed(seed)
-    max_new_tokens = int(max_new_tokens)
-    check_int(topk, "topk", 0, what=" (0 = no top-k in the step records)")
+    topk = check_int(topk, "topk", 0, what=" (0 = no top-k in the step records)")
     if block_size is not None:
-        check_int(block_size, "block_size", 1)
+        block_size = check_int(block_size, "block_size", 1)
     draft_k = topk or DRAFT_TOPK
     tree_nodes = trees.check_tree_nodes(tree_nodes)
     if tree_nodes:

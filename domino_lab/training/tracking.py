@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 from ..errors import UserError, atomic_path, mask_credentials
@@ -19,6 +20,12 @@ def default_tracking_uri(runs_dir: str | Path | None = None) -> str:
     root = Path(runs_dir).expanduser() if runs_dir is not None else default_runs_dir()
     root.mkdir(parents=True, exist_ok=True)
     return f"{SQLITE}{(root / 'mlflow.db').resolve()}"
+
+
+def mlflow_key(name: str) -> str:
+    """`name` with every character MLflow refuses in a param or metric key (it takes letters, digits and `_-. /`)
+    replaced by `_`: labels such as a bench's `domino+lookup` come from the command line."""
+    return re.sub(r"[^A-Za-z0-9_\-. /]", "_", name)
 
 
 def check_tracking_uri(uri: str | None, flag: str = "tracking URI") -> None:
