@@ -704,10 +704,12 @@ def main(argv: list[str] | None = None) -> int:
 def _log_mlflow(results: dict, meta: dict, out: Path, uri: str | None) -> None:
     import mlflow
 
-    from .training.tracking import default_tracking_uri, mlflow_key
+    from .training.tracking import default_tracking_uri, ensure_experiment, mlflow_key
 
-    mlflow.set_tracking_uri(uri or default_tracking_uri())
-    mlflow.set_experiment("bench")
+    uri = uri or default_tracking_uri()
+    mlflow.set_tracking_uri(uri)
+    # created with the project's artifact location (beside a SQLite store), not MLflow's ./mlruns of the cwd
+    mlflow.set_experiment(experiment_id=ensure_experiment(uri, "bench"))
     with mlflow.start_run(run_name=f"bench-{meta['date']}"):
         mlflow.log_params({"target": meta["target"], "max_new_tokens": meta["max_new_tokens"],
                            **{f"sampling.{k}": v for k, v in meta["sampling"].items()},

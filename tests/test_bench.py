@@ -89,6 +89,9 @@ def test_quick_bench_writes_table_json_and_checks_losslessness(dirs, tmp_path, c
     assert run.data.metrics["bench/prompts/hf-prompt-lookup/tau"] == pytest.approx(res["hf-prompt-lookup"]["tau"])
     assert run.data.metrics["bench/prompts/d_cut/tokens_per_s"] == pytest.approx(res["d+cut"]["tokens_per_s"])
     assert run.data.params["drafter.d_cut"] == str(root / "domino")
+    # the artifacts sit beside the store, not in ./mlruns of whatever directory the bench ran in
+    assert run.info.artifact_uri.startswith((tmp_path / "mlartifacts" / "bench").as_uri())
+    assert (tmp_path / "mlartifacts" / "bench" / run.info.run_id / "artifacts" / "bench.md").exists()
 
 
 def test_sampled_bench_gumbel_checks_every_sample_against_ar(dirs, tmp_path):

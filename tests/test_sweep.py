@@ -178,7 +178,8 @@ def test_step_costs_run_in_turn_at_decoding_threads():
 def test_pareto_sweep_of_tau_against_draft_cost(tmp_path, capsys):
     """objectives [tau, draft_cost]: a two-direction study whose second value is each trial's draft step ÷ plain
     step, a Pareto-front answer and plot."""
-    path, cfg = tiny_sweep_yaml(tmp_path, n_trials=2, objectives=["tau", "draft_cost"], confirm={"seeds": 0})
+    path, cfg = tiny_sweep_yaml(tmp_path, n_trials=2, objectives=["tau", "draft_cost"], confirm={"seeds": 0},
+                                tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
     code, out, err = run(["--config", str(path)], capsys)
     assert code == 0, err[-2000:]
     assert out.startswith("Pareto front of τ vs draft latency") and "× a plain step" in out, out[:500]
