@@ -43,12 +43,12 @@ def bare_decode_ms(target, ids: list[int], n: int) -> tuple[float, float]:
     model = target.model
     cache = DynamicCache(config=model.config)
     with torch.no_grad():
-        out = model(input_ids=torch.tensor([ids]), past_key_values=cache, use_cache=True)
+        out = model(input_ids=torch.tensor([ids]), cache=cache, use_cache=True)
         tok = out.logits[0, -1].argmax()
         times = []
         for _ in range(n):
             t0 = time.perf_counter()
-            out = model(input_ids=tok.view(1, 1), past_key_values=cache, use_cache=True)
+            out = model(input_ids=tok.view(1, 1), cache=cache, use_cache=True)
             tok = out.logits[0, -1].argmax()
             int(tok)                                  # the engine needs the token on the host too
             times.append(time.perf_counter() - t0)
@@ -63,11 +63,11 @@ def bare_verify_ms(target, ids: list[int], taps: list[int], block: int, reps: in
     g = torch.Generator().manual_seed(0)
     x = torch.randint(4, target.vocab_size - 1, (1, block), generator=g)
     with torch.no_grad():
-        model(input_ids=torch.tensor([ids]), past_key_values=cache, use_cache=True)
+        model(input_ids=torch.tensor([ids]), cache=cache, use_cache=True)
         times = []
         for _ in range(reps):
             t0 = time.perf_counter()
-            out = model(input_ids=x, past_key_values=cache, use_cache=True, output_hidden_states=True)
+            out = model(input_ids=x, cache=cache, use_cache=True, output_hidden_states=True)
             torch.cat([out.hidden_states[j + 1] for j in taps], dim=-1)
             out.logits.argmax(-1).tolist()
             times.append(time.perf_counter() - t0)

@@ -232,7 +232,7 @@ def test_linear_attention_layers_count_a_batchs_columns_through_its_operations()
     def prefill(rows: int, n: int):
         cache = kv_cache.new_cache(cfg)
         with torch.no_grad():
-            model(input_ids=torch.randint(4, 32, (rows, n)), past_key_values=cache, use_cache=True)
+            model(input_ids=torch.randint(4, 32, (rows, n)), cache=cache, use_cache=True)
         return cache
 
     def columns(cache):
@@ -242,7 +242,7 @@ def test_linear_attention_layers_count_a_batchs_columns_through_its_operations()
     assert columns(cache) == int(cache.get_seq_length()) == 7
     kv_cache.record_past(cache, 4)
     with torch.no_grad():
-        model(input_ids=torch.randint(4, 32, (3, 4)), past_key_values=cache, use_cache=True,
+        model(input_ids=torch.randint(4, 32, (3, 4)), cache=cache, use_cache=True,
               position_ids=torch.arange(7, 11).expand(3, -1))
     kv_cache.cut_back_rows(cache, 4, torch.tensor([3, 1, 2]), cut=1)
     assert columns(cache) == int(cache.get_seq_length()) == 10

@@ -1,0 +1,48 @@
+"""The lower bounds in pyproject.toml are the ones a test run checked: tests/oldest_versions.txt pins the oldest
+releases that install together and pass the suite, and every pin must lie inside pyproject's ranges (a bound raised
+without the file, or a pin left below a new bound, fails here)."""
+from pathlib import Path
+
+import pytest
+from packaging.requirements import Requirement
+from packaging.version import Version
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def declared() -> dict[str, Requirement]:
+    tomllib = pytest.importorskip("tomllib")
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    reqs = project["dependencies"] + project["optional-dependencies"]["dev"]
+    return {Requirement(r).name.lower(): Requirement(r) for r in reqs}
+
+
+def pins() -> dict[str, Version]:
+    out = {}
+    for line in (REPO / "tests" / "oldest_versions.txt").read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            name, version = line.split("==")
+            out[name.strip().lower()] = Version(version.strip())
+    return out
+
+
+def test_every_pin_is_a_declared_dependency_inside_its_range():
+    reqs, oldest = declared(), pins()
+    assert oldest, "no pins"
+    for name, version in oldest.items():
+        assert name in reqs, f"{name} is pinned but not a dependency"
+        assert reqs[name].specifier.contains(version), f"{name}=={version} is outside {reqs[name]}"
+
+
+def test_the_pins_are_the_lower_bounds_where_they_can_be():
+    """Each pin equals its package's lower bound, except gradio: its oldest release that installs beside
+    transformers' oldest allowed release is newer than the oldest the dashboard works with."""
+    reqs, oldest = declared(), pins()
+    for name, version in oldest.items():
+        lows = [Version(s.version) for s in reqs[name].specifier if s.operator == ">="]
+        assert len(lows) == 1, f"{name}: one >= bound expected in {reqs[name]}"
+        if name == "gradio":
+            assert version > lows[0]
+        else:
+            assert version == lows[0], f"{name}: pinned {version}, declared {reqs[name]}"   # 4 == 4.0.0
