@@ -118,3 +118,10 @@ def save_results(out: str, results: dict, lines: list[str]) -> None:
         tmp.write_text(json.dumps(results, indent=1))
     with atomic_path(path.with_suffix(".md")) as tmp:
         tmp.write_text(f"`{results['command']}` ({results['machine']}, {results['date']})\n\n{table}\n")
+
+
+if __name__ == "__main__":
+    # A library module whose name reads like a command: say where the commands are instead of exiting silently.
+    raise SystemExit("domino_lab.evaluate is a library (evaluate, paired); to measure drafters run "
+                     "python experiments/compare_drafters.py (τ per prompt, paired), python -m domino_lab.bench "
+                     "(τ and tokens/s) or python -m domino_lab.experiments list")

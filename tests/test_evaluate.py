@@ -127,3 +127,15 @@ def test_first_draft_overlap_script(tmp_path):
     bad = subprocess.run(cmd[:-2] + ["--temperature", "0", "--out", str(tmp_path / "b.json")], capture_output=True,
                          text=True, cwd=ROOT)
     assert bad.returncode == 2 and "needs a temperature > 0" in bad.stderr and not (tmp_path / "b.json").exists()
+
+
+def test_running_the_library_module_points_to_the_commands():
+    import runpy
+    import warnings
+
+    with warnings.catch_warnings(), pytest.raises(SystemExit) as e:
+        warnings.simplefilter("ignore", RuntimeWarning)          # runpy: the module is already imported
+        runpy.run_module("domino_lab.evaluate", run_name="__main__")
+    message = e.value.code
+    assert isinstance(message, str) and "\n" not in message          # one line on stderr, exit status 1
+    assert "experiments/compare_drafters.py" in message and "domino_lab.bench" in message

@@ -358,7 +358,10 @@ def test_compose_flow_on_postgres(postgres, tiny_sweep, compose, tmp_path):  # n
     args[args.index("--host") + 1] = "127.0.0.1"
     args[args.index("--port") + 1] = str(port)
     mlflow_exe = str(Path(sys.executable).with_name("mlflow"))
-    server = start_group([mlflow_exe] + args[1:] + ["--workers", "1"], tmp_path / "mlflow.log", cwd=tmp_path, env=ENV)
+    server_env = {k: v for k, v in env(compose["services"]["mlflow"]).items() if k.startswith("MLFLOW_SERVER_")}
+    assert server_env == {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    server = start_group([mlflow_exe] + args[1:] + ["--workers", "1"], tmp_path / "mlflow.log", cwd=tmp_path,
+                         env={**ENV, **server_env})
     procs = [server]
     try:
         url = f"http://127.0.0.1:{port}"

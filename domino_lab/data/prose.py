@@ -9,6 +9,7 @@ these from the training split, so that its drafters see such text. A prompt is a
 from __future__ import annotations
 
 import ast
+import functools
 import random
 import re
 
@@ -41,6 +42,13 @@ def candidates(files, rng: random.Random) -> list[tuple[str, str, str]]:
 def prose_prompts(split: str, n: int, seed: int = 0, cache_dir=None) -> list[dict]:
     """`n` distinct prose prompts ({id, prompt, kind, source}) from the code corpus's `split` (`train` for
     regeneration; `heldout` files are evaluation ground), shuffled by `seed`."""
+    return [dict(row) for row in _shuffled(split, seed, None if cache_dir is None else str(cache_dir))[:n]]
+
+
+@functools.lru_cache(maxsize=4)
+def _shuffled(split: str, seed: int, cache_dir: str | None) -> tuple[dict, ...]:
+    """Every distinct prompt of `split` in `seed`'s order. Kept per process: parsing every file of the corpus takes
+    seconds, and the result depends only on the corpus (the running interpreter's) and the seed."""
     from .corpora import load_code_corpus
 
     ds = load_code_corpus(split, cache_dir=cache_dir)
@@ -53,6 +61,4 @@ def prose_prompts(split: str, n: int, seed: int = 0, cache_dir=None) -> list[dic
             continue
         seen.add(prompt)
         rows.append({"id": f"prose/{len(rows)}", "prompt": prompt, "kind": kind, "source": src})
-        if len(rows) == n:
-            break
-    return rows
+    return tuple(rows)
