@@ -41,7 +41,7 @@ RUN if [ "$TORCH_VARIANT" = "cpu" ]; then \
 # and the Optuna dashboard
 COPY pyproject.toml README.md ./
 COPY domino_lab ./domino_lab
-RUN pip install --no-cache-dir -e . "psycopg[binary]>=3.2" "optuna-dashboard>=0.21,<0.22"
+RUN pip install --no-cache-dir -e . "psycopg[binary]>=3.2.1" "optuna-dashboard>=0.21,<0.22"
 
 # recipes, sweeps, the dashboard and the compose helpers (healthcheck, postgres init)
 COPY . .
