@@ -214,11 +214,29 @@ class TargetOutput:
     tokens: torch.Tensor | None = None   # with `greedy`: the argmax of each row's logits, [b, t] (or the rows asked)
 
 
+OLDEST_TRANSFORMERS = "5.25"     # pyproject's lower bound
+
+
+def check_transformers(version: str | None = None) -> None:
+    """Refuse a transformers older than the engine needs, whatever installed it: before 5.24 the models' forward
+    silently ignores the `cache=` argument the engine passes (every step would then see no prefix, and decoding
+    would be wrong without an error), and 5.25 brought the recurrent-state rollback of hybrid layers."""
+    from importlib.metadata import version as installed
+    from packaging.version import Version
+
+    version = version or installed("transformers")
+    if Version(version) < Version(OLDEST_TRANSFORMERS):
+        raise UserError(f"transformers {version} is installed; domino-lab needs {OLDEST_TRANSFORMERS} or later "
+                        f"(older releases ignore the cache argument its decoders pass): "
+                        f"pip install 'transformers>={OLDEST_TRANSFORMERS},<6'")
+
+
 class Target:
     """A frozen causal LM plus its tokenizer. Build with `Target.from_pretrained` or wrap a model directly."""
 
     def __init__(self, model: nn.Module, tokenizer=None, *, mask_token_id: int | None = None,
                  taps: list[int] | None = None, name: str = "custom", head_screen: bool = True):
+        check_transformers()
         self.model = model.eval().requires_grad_(False)
         self.tokenizer = tokenizer
         self.name = name

@@ -53,3 +53,23 @@ def test_the_pins_are_the_lower_bounds_where_they_can_be():
             assert version > lows[0]
         else:
             assert version == lows[0], f"{name}: pinned {version}, declared {reqs[name]}"   # 4 == 4.0.0
+
+
+def test_an_older_transformers_is_refused_at_run_time(monkeypatch):
+    """pip enforces the bound, but an environment assembled otherwise (--no-deps, another package manager) must not
+    decode with a transformers that ignores the cache argument: one error naming the fix, before any forward."""
+    import importlib.metadata
+
+    from core_helpers import tiny_target
+    from domino_lab.errors import UserError
+    from domino_lab.target import OLDEST_TRANSFORMERS, check_transformers
+
+    bound = next(s.version for s in declared()["transformers"].specifier if s.operator == ">=")
+    assert Version(OLDEST_TRANSFORMERS) == Version(bound)
+    check_transformers()                                          # the installed release passes
+    with pytest.raises(UserError, match=r"transformers 5\.22\.0 is installed; .* pip install 'transformers>=5\.25"):
+        check_transformers("5.22.0")
+    real = importlib.metadata.version
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "5.24.0" if name == "transformers" else real(name))
+    with pytest.raises(UserError, match="5.24.0 is installed"):
+        tiny_target()
