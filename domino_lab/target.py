@@ -7,6 +7,7 @@ after the final norm in HF, so we never treat it as a raw layer output (docs/des
 """
 from __future__ import annotations
 
+import functools
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -217,14 +218,21 @@ class TargetOutput:
 OLDEST_TRANSFORMERS = "5.25"     # pyproject's lower bound
 
 
+@functools.cache
+def installed_transformers() -> str:
+    """The installed distribution's version, read once per process (every Target construction checks it)."""
+    from importlib.metadata import version
+
+    return version("transformers")
+
+
 def check_transformers(version: str | None = None) -> None:
     """Refuse a transformers older than the engine needs, whatever installed it: before 5.24 the models' forward
     silently ignores the `cache=` argument the engine passes (every step would then see no prefix, and decoding
     would be wrong without an error), and 5.25 brought the recurrent-state rollback of hybrid layers."""
-    from importlib.metadata import version as installed
     from packaging.version import Version
 
-    version = version or installed("transformers")
+    version = version or installed_transformers()
     if Version(version) < Version(OLDEST_TRANSFORMERS):
         raise UserError(f"transformers {version} is installed; domino-lab needs {OLDEST_TRANSFORMERS} or later "
                         f"(older releases ignore the cache argument its decoders pass): "

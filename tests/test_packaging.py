@@ -62,7 +62,7 @@ def test_an_older_transformers_is_refused_at_run_time(monkeypatch):
 
     from core_helpers import tiny_target
     from domino_lab.errors import UserError
-    from domino_lab.target import OLDEST_TRANSFORMERS, check_transformers
+    from domino_lab.target import OLDEST_TRANSFORMERS, check_transformers, installed_transformers
 
     bound = next(s.version for s in declared()["transformers"].specifier if s.operator == ">=")
     assert Version(OLDEST_TRANSFORMERS) == Version(bound)
@@ -71,5 +71,7 @@ def test_an_older_transformers_is_refused_at_run_time(monkeypatch):
         check_transformers("5.22.0")
     real = importlib.metadata.version
     monkeypatch.setattr(importlib.metadata, "version", lambda name: "5.24.0" if name == "transformers" else real(name))
+    installed_transformers.cache_clear()                          # read once per process: forget the real one
     with pytest.raises(UserError, match="5.24.0 is installed"):
         tiny_target()
+    installed_transformers.cache_clear()

@@ -72,9 +72,7 @@ def check_batched_mode(drafter, temperature: float, top_p: float = 1.0, sampler:
 
 def check_slots(slots: int | None) -> int | None:
     """The rows a queue decodes at once (None = every prompt at once), or one error."""
-    if slots is not None and (isinstance(slots, bool) or not isinstance(slots, numbers.Integral) or slots < 1):
-        raise UserError(f"slots must be a whole number >= 1 (the rows decoded at once), got {slots!r}")
-    return None if slots is None else int(slots)
+    return None if slots is None else check_int(slots, "slots", 1, what=" (the rows decoded at once)")
 
 
 def compact(feats: torch.Tensor, valid: torch.Tensor, pos: torch.Tensor) -> tuple:
