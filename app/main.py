@@ -13,12 +13,12 @@ from pathlib import Path
 if __package__ in (None, ""):          # `python app/main.py`: make the repository root importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from domino_lab.errors import UserError, run_cli  # noqa: E402
+from domino_lab.errors import CliParser, UserError, run_cli  # noqa: E402
 from domino_lab.validation import check_int  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m app", description=__doc__.splitlines()[0])
+    p = CliParser(prog="python -m app", description=__doc__.splitlines()[0])
     p.add_argument("--host", default="127.0.0.1", help="interface to bind (default 127.0.0.1; 0.0.0.0 in docker)")
     p.add_argument("--port", type=int, default=7860)
     p.add_argument("--runs-dir", default=None, help="where to look for drafter checkpoints and local targets "

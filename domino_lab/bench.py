@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import UserError, atomic_path, check_out_dir, run_cli
+from .errors import CliParser, UserError, atomic_path, check_out_dir, run_cli
 
 METHODS = ("ar", "hf", "hf-prompt-lookup", "hf-assisted", "dflash", "domino-eager", "domino-fast", "domino-compiled",
            "domino", "dflash-tree", "domino-tree")
@@ -354,7 +354,7 @@ def plots(results: dict, out_dir: Path) -> list[Path]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m domino_lab.bench", description=__doc__,
+    p = CliParser(prog="python -m domino_lab.bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--target", default="default")
     p.add_argument("--sets", nargs="+", default=["math", "humaneval"], help="eval set names or JSONL files")

@@ -6,6 +6,7 @@ Programming errors still raise normally so bugs stay visible.
 """
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import sys
@@ -27,6 +28,16 @@ def mask_credentials(text: str) -> str:
     """`text` with the password of every URL in it replaced by ***; every line that may show a storage or
     tracking URL (errors, progress, summaries) goes through this."""
     return _CREDENTIALS.sub(lambda m: m.group("head") + "***@", str(text))
+
+
+class CliParser(argparse.ArgumentParser):
+    """argparse's parser with the project's error line: a bad or missing argument prints
+    `error: <argparse's message>; see <prog> --help` on stderr and exits 2, the same one line as a UserError,
+    rather than argparse's usage block followed by the message. Subcommand parsers inherit it."""
+
+    def error(self, message: str):
+        print(f"error: {mask_credentials(message)}; see {self.prog} --help", file=sys.stderr)
+        sys.exit(2)
 
 
 def run_cli(main: Callable[[list[str] | None], int | None], argv: list[str] | None = None) -> None:

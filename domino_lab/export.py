@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import argparse
 
-from .errors import UserError, check_out_dir, run_cli
+from .errors import CliParser, UserError, check_out_dir, run_cli
 
 FORMATS = ("domino", "dflash", "speculators")
 DTYPES = ("float32", "bfloat16", "float16")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m domino_lab.export", description=__doc__,
+    p = CliParser(prog="python -m domino_lab.export", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--drafter", required=True,
                    help="shipped name (default-nocopy, default-dflash-nocopy: the release layouts have no copy "

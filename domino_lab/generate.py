@@ -8,11 +8,11 @@ import argparse
 import json
 import sys
 
-from .errors import UserError, run_cli
+from .errors import CliParser, UserError, run_cli
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m domino_lab.generate", description=__doc__)
+    p = CliParser(prog="python -m domino_lab.generate", description=__doc__)
     p.add_argument("--target", default="default", help="HF model id, local model dir, or 'default' (embedded)")
     p.add_argument("--drafter", default="default",
                    help="checkpoint dir, shipped name (default, default-dflash), 'none' (plain decoding), "

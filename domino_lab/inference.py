@@ -10,7 +10,6 @@ a queue through S rows at a time (continuous batching: a finished row's place go
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -18,7 +17,7 @@ from pathlib import Path
 import lightning.pytorch as pl
 from torch.utils.data import DataLoader
 
-from .errors import UserError, atomic_path, check_out_file, run_cli
+from .errors import CliParser, UserError, atomic_path, check_out_file, run_cli
 
 
 class SpeculativeDecoder(pl.LightningModule):
@@ -243,7 +242,7 @@ def predict(target, drafter, prompts, *, max_new_tokens: int = 128, temperature:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m domino_lab.inference", description=__doc__.split("\n\n")[0])
+    p = CliParser(prog="python -m domino_lab.inference", description=__doc__.split("\n\n")[0])
     p.add_argument("--target", default="default")
     p.add_argument("--drafter", default="default", help="checkpoint dir, shipped name, or 'none'")
     p.add_argument("--prompts", required=True, help="eval set name (math, humaneval, code, unseen, fresh) or JSONL file")

@@ -8,17 +8,16 @@ The argument parsing only; the work (batched generation, the resumable work log,
 """
 from __future__ import annotations
 
-import argparse
 import json
 
-from .errors import UserError, run_cli
+from .errors import CliParser, UserError, run_cli
 from .validation import TRAIN_SEED_MAX, check_device, check_number, check_seed
 
 
 def main(argv: list[str] | None = None) -> int:
     from .data.regenerate import check_out_dir, load_meta, regenerate, training_prompts
 
-    ap = argparse.ArgumentParser(
+    ap = CliParser(
         prog="python -m domino_lab.regenerate",
         description="Let the target write the responses a drafter learns from (resumable; rerun to continue).")
     ap.add_argument("--target", default="default", help="'default', a local model folder or a HF model id")

@@ -10,11 +10,11 @@ import json
 from pathlib import Path
 import warnings
 
-from .errors import UserError, atomic_path, check_out_dir, run_cli
+from .errors import CliParser, UserError, atomic_path, check_out_dir, run_cli
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m domino_lab.train", description=__doc__)
+    p = CliParser(prog="python -m domino_lab.train", description=__doc__)
     p.add_argument("--config", help="YAML recipe (experiments/configs/*.yaml)")
     p.add_argument("overrides", nargs="*", help="key=value overrides, e.g. max_steps=200 loss.gamma=5")
     p.add_argument("--resume", action="store_true", help="continue from the last checkpoint in out_dir")

@@ -27,11 +27,11 @@ import sys
 import time
 from pathlib import Path
 
-from domino_lab.errors import UserError, atomic_path, check_out_dir, run_cli
+from domino_lab.errors import CliParser, UserError, atomic_path, check_out_dir, run_cli
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python experiments/batch_drafts.py", description=__doc__.splitlines()[0])
+    p = CliParser(prog="python experiments/batch_drafts.py", description=__doc__.splitlines()[0])
     p.add_argument("--target", default="default")
     p.add_argument("--drafter", default="default", help="drafter spec (load_drafter), e.g. default, default-dflash")
     p.add_argument("--sets", nargs="+", default=["math", "humaneval"])

@@ -11,13 +11,13 @@ from __future__ import annotations
 import argparse
 
 from domino_lab.data.eval_sets import load_eval_set
-from domino_lab.errors import check_out_file, run_cli
+from domino_lab.errors import CliParser, check_out_file, run_cli
 from domino_lab.evaluate import drafter_provenance, evaluate, named_drafters, paired, run_record, save_results
 from domino_lab.target import Target
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = CliParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--target", default="default")
     p.add_argument("--drafter", action="append", required=True, help="NAME=SPEC (repeat)")
     p.add_argument("--sets", nargs="+", default=["math", "humaneval"])

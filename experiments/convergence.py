@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from domino_lab.errors import UserError, atomic_path, check_out_file, run_cli
+from domino_lab.errors import CliParser, UserError, atomic_path, check_out_file, run_cli
 from domino_lab.experiments.curves import convergence_curves, plot_convergence
 
 
@@ -45,7 +45,7 @@ def report(curves: dict, command: str) -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = CliParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--run", action="append", required=True, metavar="LABEL=DIR", help="a training run folder (repeat)")
     p.add_argument("--tracking-uri", default=None, help="MLflow store (default: the project's runs/mlflow.db)")
     p.add_argument("--out", required=True, help="output path without suffix (.md, .json and .png are written)")

@@ -33,14 +33,14 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from domino_lab.errors import UserError, atomic_path, check_out_dir, run_cli  # noqa: E402
+from domino_lab.errors import CliParser, UserError, atomic_path, check_out_dir, run_cli  # noqa: E402
 
 CLASSES = ("no copy", "copy right", "copy wrong")
 DEFAULT_DRAFTERS = ["dflash=default-dflash", "domino=default"]
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python experiments/copy_gap.py", description=__doc__.splitlines()[0])
+    p = CliParser(prog="python experiments/copy_gap.py", description=__doc__.splitlines()[0])
     p.add_argument("--target", default="default")
     p.add_argument("--drafter", action="append", default=None, metavar="LABEL=SPEC",
                    help="a drafter to classify (repeat); default: " + " ".join(DEFAULT_DRAFTERS))

@@ -31,7 +31,7 @@ import torch
 from transformers import DynamicCache
 
 from domino_lab.config import repo_root
-from domino_lab.errors import UserError, atomic_path, check_out_dir, run_cli
+from domino_lab.errors import CliParser, UserError, atomic_path, check_out_dir, run_cli
 
 DRAFTERS = {"dflash": "default-dflash", "domino": "default", "eagle": "default-eagle"}
 
@@ -196,7 +196,7 @@ def report(res: dict, args, prof: str) -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = CliParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sets", nargs="+", default=["math", "humaneval"])
     p.add_argument("--limit", type=int, default=8)
     p.add_argument("--max-new-tokens", type=int, default=96)

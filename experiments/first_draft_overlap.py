@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from domino_lab.data.eval_sets import load_eval_set
 from domino_lab.decoding import speculative_generate
 from domino_lab.decoding.lookup import block_copy_inputs
-from domino_lab.errors import UserError, check_out_file, run_cli
+from domino_lab.errors import CliParser, UserError, check_out_file, run_cli
 from domino_lab.evaluate import named_drafters, run_record, save_results
 from domino_lab.target import Target
 from domino_lab.training.objective import sample_anchors
@@ -62,7 +62,7 @@ def slot_overlap(target, drafter, seqs: list[tuple[list[int], int]], temperature
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = CliParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--target", default="default")
     p.add_argument("--drafter", action="append", required=True, help="NAME=SPEC (repeat)")
     p.add_argument("--sets", nargs="+", default=["math", "humaneval"])

@@ -34,7 +34,9 @@ sys.path.insert(0, str(REPO))
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    from domino_lab.errors import CliParser
+
+    p = CliParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="auto",
                    help="auto (cuda if available), cuda, cpu; pick a GPU with CUDA_VISIBLE_DEVICES")
     p.add_argument("--target", default="default", help="HF id, local model dir, or default (embedded)")

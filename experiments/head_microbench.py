@@ -24,7 +24,7 @@ import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from domino_lab import Drafter, Target
-from domino_lab.errors import atomic_path, check_out_dir, run_cli
+from domino_lab.errors import CliParser, atomic_path, check_out_dir, run_cli
 from domino_lab.experiments.timing import cached_step, interleaved_ms
 from domino_lab.models.drafter import load_drafter
 
@@ -127,7 +127,7 @@ def table(rows: list[dict]) -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = CliParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--vocabs", type=int, nargs="+", default=[8192, 32768, 151936])
     p.add_argument("--blocks", type=int, nargs="+", default=[4, 8, 16])
     p.add_argument("--ctx", type=int, default=128, help="context positions the draft attends to")

@@ -21,13 +21,13 @@ import torch
 
 from domino_lab import Target, speculative_generate
 from domino_lab.data.eval_sets import load_eval_set
-from domino_lab.errors import atomic_path, check_out_dir, run_cli
+from domino_lab.errors import CliParser, atomic_path, check_out_dir, run_cli
 from domino_lab.models.domino_head import greedy_rollout
 from domino_lab.models import InferenceOptions, load_drafter
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = CliParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--target", default="default")
     p.add_argument("--drafter", default="default")
     p.add_argument("--sets", nargs="+", default=["math", "humaneval"])

@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from domino_lab.config import repo_root
-from domino_lab.errors import UserError, atomic_path, check_out_dir, run_cli
+from domino_lab.errors import CliParser, UserError, atomic_path, check_out_dir, run_cli
 
 CONFIGS = [("ar", None, 0), ("domino", "default", 0), ("domino-tree", "default", 32)]
 
@@ -140,7 +140,7 @@ def report(res: dict, args) -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = CliParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sets", nargs="+", default=["math", "humaneval", "code", "unseen"])
     p.add_argument("--limit", type=int, default=8)
     p.add_argument("--max-new-tokens", type=int, default=96)

@@ -23,7 +23,7 @@ from domino_lab.config import repo_root
 from domino_lab.data.eval_sets import load_eval_set
 from domino_lab.decoding import kv_cache
 from domino_lab.decoding.batched import batched_generate
-from domino_lab.errors import UserError, atomic_path, check_out_dir, run_cli
+from domino_lab.errors import CliParser, UserError, atomic_path, check_out_dir, run_cli
 from domino_lab.models import load_drafter
 from domino_lab.target import Target, use_decode_threads
 
@@ -45,7 +45,7 @@ def decode(target, drafter, prompts, size, max_new):
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = CliParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--target", default="default")
     p.add_argument("--drafter", default="default")
     p.add_argument("--sets", nargs="+", default=["math", "humaneval"])

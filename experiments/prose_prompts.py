@@ -9,7 +9,6 @@ docstrings, `domino_lab/data/prose.py`) as a JSONL file, for `regenerate --promp
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -19,11 +18,11 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from domino_lab.data.prose import prose_prompts  # noqa: E402
-from domino_lab.errors import UserError, atomic_path, check_out_file, run_cli  # noqa: E402
+from domino_lab.errors import CliParser, UserError, atomic_path, check_out_file, run_cli  # noqa: E402
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python experiments/prose_prompts.py", description=__doc__.splitlines()[0])
+    p = CliParser(prog="python experiments/prose_prompts.py", description=__doc__.splitlines()[0])
     p.add_argument("--n", type=int, default=1300, help="prompts to write")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", required=True, help="JSONL file of {id, prompt, kind, source}")

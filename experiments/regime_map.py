@@ -39,7 +39,7 @@ from domino_lab import Drafter, Target
 from domino_lab.bench import projection
 from domino_lab.decoding.metrics import speedup_bound
 from domino_lab.config import repo_root
-from domino_lab.errors import atomic_path, check_out_file, run_cli
+from domino_lab.errors import CliParser, atomic_path, check_out_file, run_cli
 from domino_lab.decoding import tree as trees
 from domino_lab.experiments.timing import cached_step, cached_tree_step
 from domino_lab.target import default_tap_layers, use_decode_threads
@@ -230,7 +230,7 @@ def plot(res: dict, out: Path) -> Path:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = CliParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="experiments/results/regime_map", help="path stem for .md/.json/.png")
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--rounds", type=int, default=3)

@@ -14,7 +14,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from domino_lab.errors import UserError, atomic_path, check_out_file, run_cli
+from domino_lab.errors import CliParser, UserError, atomic_path, check_out_file, run_cli
 from domino_lab.evaluate import paired
 
 
@@ -79,7 +79,7 @@ def parse_renames(items: list[str]) -> dict[str, str]:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = CliParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--runs", nargs="+", required=True,
                    help="compare_drafters.py JSON files, one per seed; A.json+B.json joins two runs of one seed "
                         "(drafters measured in separate invocations)")

@@ -26,11 +26,11 @@ import sys
 import time
 from pathlib import Path
 
-from domino_lab.errors import UserError, atomic_path, check_out_dir, run_cli
+from domino_lab.errors import CliParser, UserError, atomic_path, check_out_dir, run_cli
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python experiments/speed_pair.py", description=__doc__.splitlines()[0])
+    p = CliParser(prog="python experiments/speed_pair.py", description=__doc__.splitlines()[0])
     p.add_argument("--target", default="default")
     p.add_argument("--a", default="domino=default", metavar="LABEL=SPEC", help="the drafter whose speed-up is asked")
     p.add_argument("--b", default="dflash=default-dflash", metavar="LABEL=SPEC", help="the drafter it is compared to")

@@ -27,7 +27,7 @@ import torch
 from domino_lab.config import load_config
 from domino_lab.decoding import speculative_generate
 from domino_lab.decoding.metrics import StepTally, speedup_bound
-from domino_lab.errors import UserError, atomic_path, check_out_dir, run_cli
+from domino_lab.errors import CliParser, UserError, atomic_path, check_out_dir, run_cli
 from domino_lab.experiments.timing import step_costs
 from domino_lab.models import Drafter
 from domino_lab.target import Target
@@ -46,7 +46,7 @@ def decode_costs(target, d, prompts) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = CliParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sweep-dir", required=True, help="a finished sweep's study folder (trial_NNNN/best inside)")
     ap.add_argument("--trials", type=int, nargs="+", required=True)
     ap.add_argument("--target", default="default", help="the sweep's target (name or folder)")

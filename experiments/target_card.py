@@ -13,7 +13,6 @@ few greedy samples; and the latency of one greedy decode step. A JSON sidecar ho
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
@@ -197,7 +196,9 @@ def render(res: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    from domino_lab.errors import CliParser
+
+    ap = CliParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default=str(SHIPPED), help="trained target folder (default: the shipped one)")
     ap.add_argument("--out", default=str(REPO / "experiments" / "results" / "target.md"))
     ap.add_argument("--copy-to", default=None,

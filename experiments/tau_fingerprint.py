@@ -14,13 +14,13 @@ import torch
 
 from domino_lab.data.eval_sets import load_eval_set
 from domino_lab.decoding import speculative_generate
-from domino_lab.errors import atomic_path, check_out_file, run_cli
+from domino_lab.errors import CliParser, atomic_path, check_out_file, run_cli
 from domino_lab.models import load_drafter
 from domino_lab.target import Target
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = CliParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--drafters", nargs="+", default=["default", "default-dflash"])
     p.add_argument("--sets", nargs="+", default=["math", "humaneval", "code"])
     p.add_argument("--limit", type=int, default=12)

@@ -28,7 +28,7 @@ import sys
 import time
 from pathlib import Path
 
-from domino_lab.errors import UserError, check_out_dir, run_cli
+from domino_lab.errors import CliParser, UserError, check_out_dir, run_cli
 from domino_lab.experiments.curves import convergence_curves, loss_history, plot_convergence, plot_loss_curves
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -157,7 +157,7 @@ def ship(args, argv) -> None:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = CliParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--recipes", nargs="+", default=["domino", "dflash", "domino_no_curriculum"])
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     p.add_argument("--parallel", type=int, default=2, help="training processes at once (2 cores: 2 x 1 thread)")

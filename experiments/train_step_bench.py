@@ -20,7 +20,7 @@ from lightning.pytorch.plugins.precision import MixedPrecision, Precision
 
 from domino_lab.config import load_config, repo_root
 from domino_lab.data.features import ensure
-from domino_lab.errors import atomic_path, check_out_file, run_cli
+from domino_lab.errors import CliParser, atomic_path, check_out_file, run_cli
 from domino_lab.target import Target
 from domino_lab.training.config import TrainConfig, drafter_config
 from domino_lab.training.datamodule import DrafterDataModule
@@ -29,7 +29,7 @@ from domino_lab.training.objective import weighted_ce
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = CliParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", default="experiments/configs/domino.yaml")
     p.add_argument("--data", required=True, help="a regenerated dataset of the recipe's target")
     p.add_argument("--features-dir", default=None, help="cache folder (default: <runs>/features)")

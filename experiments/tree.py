@@ -35,13 +35,13 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from domino_lab.errors import UserError, atomic_path, check_out_dir, run_cli  # noqa: E402
+from domino_lab.errors import CliParser, UserError, atomic_path, check_out_dir, run_cli  # noqa: E402
 
 DEFAULT_DRAFTERS = ["domino=default", "dflash=default-dflash"]
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python experiments/tree.py", description=__doc__.splitlines()[0])
+    p = CliParser(prog="python experiments/tree.py", description=__doc__.splitlines()[0])
     p.add_argument("--target", default="default")
     p.add_argument("--drafter", action="append", default=None, metavar="LABEL=SPEC[@key=value,...]",
                    help="a block drafter to compare (repeat; `family/seed` labels are pooled per family; after @, "

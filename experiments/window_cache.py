@@ -26,7 +26,7 @@ from transformers import MistralConfig, MistralForCausalLM
 
 from domino_lab import Drafter, Target, speculative_generate
 from domino_lab.decoding import batched, engine, kv_cache
-from domino_lab.errors import UserError, atomic_path, check_out_dir, run_cli
+from domino_lab.errors import CliParser, UserError, atomic_path, check_out_dir, run_cli
 
 
 def build_target(window: int, layers: int, hidden: int) -> Target:
@@ -87,7 +87,7 @@ def decode_batch(target, drafter, prompts, new_tokens, bounded: bool):
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = CliParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--window", type=int, default=256)
     p.add_argument("--layers", type=int, default=6)
     p.add_argument("--hidden", type=int, default=256)

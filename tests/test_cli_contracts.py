@@ -247,3 +247,41 @@ def test_empty_names_are_one_error_each(tmp_path):
         experiments(["run", "block_size", "--quick", "--runs-dir", "/proc/x"])
     with pytest.raises(UserError, match=r"^--out-dir /proc/x: cannot create anything in /proc"):
         experiments(["run", "block_size", "--quick", "--out-dir", "/proc/x", "--runs-dir", str(tmp_path / "r")])
+
+
+CLI_MAINS = ["domino_lab.generate", "domino_lab.bench", "domino_lab.train", "domino_lab.export", "domino_lab.inference",
+             "domino_lab.regenerate", "domino_lab.pretrain.__main__", "domino_lab.sweep.__main__",
+             "domino_lab.experiments.__main__", "domino_lab.data.eval_sets", "app.main"]
+
+
+@pytest.mark.parametrize("module", CLI_MAINS)
+def test_a_bad_command_line_is_one_error_line_that_points_to_help(module, capsys):
+    """argparse's own complaint (here an unknown option, or the required ones missing) as the project's one line."""
+    import importlib
+
+    main = importlib.import_module(module).main
+    with pytest.raises(SystemExit) as exit_:
+        main(["--no-such-option"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2
+    assert err.count("\n") == 1 and err.startswith("error: ") and err.endswith(" --help\n"), err
+
+
+def test_a_bad_value_in_a_subcommand_names_the_subcommand(capsys):
+    from domino_lab.experiments.__main__ import main
+
+    with pytest.raises(SystemExit):
+        main(["run", "same_data", "--threads", "x"])
+    assert capsys.readouterr().err == ("error: argument --threads: invalid int value: 'x'; "
+                                       "see python -m domino_lab.experiments run --help\n")
+
+
+def test_every_command_line_uses_the_one_line_parser():
+    """A parser built with argparse.ArgumentParser itself would print its usage block before the error."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    direct = [str(p.relative_to(root)) for folder in ("domino_lab", "app", "experiments")
+              for p in (root / folder).rglob("*.py") if "argparse.ArgumentParser(" in p.read_text()]
+    # the interop fixture's script also runs under the release's own interpreter, which has no domino_lab
+    assert direct == ["experiments/interop/make_fixture.py"]

@@ -22,7 +22,6 @@ shipped with their single trailing newline removed (the text is otherwise unchan
 """
 from __future__ import annotations
 
-import argparse
 import ast
 import functools
 import hashlib
@@ -36,7 +35,7 @@ from pathlib import Path
 from typing import Iterable, Iterator
 
 from domino_lab.data.word_problems import FRESH_WORD_PROBLEMS, UNSEEN_WORD_PROBLEMS
-from domino_lab.errors import UserError, run_cli
+from domino_lab.errors import CliParser, UserError, run_cli
 
 # `unseen`: prompts from outside the project's corpora, the closest stand-in for a user's own prompts. Code: function
 # headers from third-party packages installed with the project (site-packages, which the code corpus excludes);
@@ -400,7 +399,7 @@ def _function_headers(text: str, max_chars: int) -> Iterator[tuple[int, str]]:
 # ----------------------------------------------------------------------------- CLI
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m domino_lab.data.eval_sets",
+    ap = CliParser(prog="python -m domino_lab.data.eval_sets",
                                  description="Print an evaluation set as JSONL ({id, prompt} per line).")
     ap.add_argument("name", help=f"one of {', '.join(EVAL_SETS)}, or a JSONL file to validate")
     ap.add_argument("--limit", type=int, default=None, help="keep only the first N prompts")

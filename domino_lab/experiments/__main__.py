@@ -14,12 +14,12 @@ import sys
 import time
 from pathlib import Path
 
-from ..errors import UserError, atomic_path, check_out_dir, run_cli
+from ..errors import CliParser, UserError, atomic_path, check_out_dir, run_cli
 from ..validation import check_int
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m domino_lab.experiments", description=__doc__)
+    p = CliParser(prog="python -m domino_lab.experiments", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
     sub.add_parser("list", help="the experiments in experiments/specs/")
     add_run_arguments(sub.add_parser("run", help="run one experiment"))
@@ -59,7 +59,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     words = sys.argv[1:] if argv is None else list(argv)
     if words[:1] != ["run"]:
         return build_parser().parse_args(words)
-    r = argparse.ArgumentParser(prog="python -m domino_lab.experiments run", description="run one experiment")
+    r = CliParser(prog="python -m domino_lab.experiments run", description="run one experiment")
     add_run_arguments(r)
     args = r.parse_intermixed_args(words[1:])
     args.cmd = "run"

@@ -14,19 +14,18 @@ recorded in train_meta.json.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import tempfile
 from pathlib import Path
 
 from ..config import default_runs_dir
-from ..errors import UserError, check_out_dir, run_cli
+from ..errors import CliParser, UserError, check_out_dir, run_cli
 from .recipe import DEFAULT_CONFIG, SHIPPED_DIR, apply_quick, load_recipe
 from .train import check_export_dir
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m domino_lab.pretrain", description=__doc__.split("\n\n")[0])
+    ap = CliParser(prog="python -m domino_lab.pretrain", description=__doc__.split("\n\n")[0])
     ap.add_argument("--config", default=DEFAULT_CONFIG, help="recipe YAML (default: %(default)s)")
     ap.add_argument("--quick", action="store_true", help="toy shape, a few hundred tokens; for tests")
     ap.add_argument("--out", help=f"output folder (default: {SHIPPED_DIR} for the full recipe, a temp folder for --quick)")

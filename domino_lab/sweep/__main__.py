@@ -14,13 +14,13 @@ from __future__ import annotations
 import argparse
 import json
 
-from ..errors import UserError, run_cli
+from ..errors import CliParser, UserError, run_cli
 from ..validation import check_int
 from .config import DEFAULT_SWEEP, load_sweep
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m domino_lab.sweep", description=__doc__,
+    p = CliParser(prog="python -m domino_lab.sweep", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", default=DEFAULT_SWEEP, help="sweep YAML (search space, budget, pruner)")
     p.add_argument("overrides", nargs="*", help="key=value overrides of the sweep YAML (e.g. n_trials=2)")
