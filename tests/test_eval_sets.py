@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -83,7 +84,9 @@ def test_code_set_prompts_end_at_a_function_header_from_heldout_files():
         assert is_heldout_path(path) and int(line) > 0
         p = x["prompt"]
         assert len(p) <= MAX_CONTEXT_CHARS and not p.endswith("\n")
-        assert "def " in p and p.rstrip().endswith((":", '"""', "'''")), p[-200:]
+        # the header's colon (a comment may follow it) or the closing quote of its docstring, in any quoting: the set
+        # comes from the running Python's standard library, whose docstrings are not all triple-quoted
+        assert "def " in p and re.search(r"(:[ \t]*(#.*)?|[\"'])$", p.rstrip()), p[-200:]
 
 
 SOURCE = '''import os
