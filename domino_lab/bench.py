@@ -642,7 +642,7 @@ def main(argv: list[str] | None = None) -> int:
                 for s, prompts in sets.items()} if args.batch_sizes else {})
     meta = {"command": "python -m domino_lab.bench " + " ".join(argv if argv is not None else sys.argv[1:]),
             "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, {torch.get_num_threads()} torch "
-                       f"threads ({openmp_waits()}), torch {torch.__version__}",
+                       f"threads ({openmp_waits()}), torch {torch.__version__}, Python {platform.python_version()}",
             "date": time.strftime("%Y-%m-%d %H:%M"),
             "target": args.target, "drafters": {m: spec for m, (spec, _) in specs.items()},
             "options": {m: asdict(o) for m, (_, o) in specs.items()},

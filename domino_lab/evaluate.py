@@ -99,7 +99,8 @@ def run_record() -> dict:
 
     import torch
 
-    return {"command": " ".join(sys.argv), "machine": f"{platform.machine()} {torch.get_num_threads()} threads",
+    return {"command": " ".join(sys.argv), "machine": f"{platform.machine()} {torch.get_num_threads()} threads, "
+                                                    f"Python {platform.python_version()}",
             "date": time.strftime("%Y-%m-%d %H:%M")}
 
 

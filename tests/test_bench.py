@@ -1,5 +1,6 @@
 """Speculative inference as a LightningModule and `python -m domino_lab.bench`, on tiny targets."""
 import json
+import platform
 
 import pytest
 
@@ -62,6 +63,8 @@ def test_quick_bench_writes_table_json_and_checks_losslessness(dirs, tmp_path, c
     assert bounds["domino"]["B"] == pytest.approx(res["domino"]["tau"] * 100.0 / 100.0)
     assert "a projection, not a measurement" in (out / "bench.md").read_text()
     assert meta["options"]["d+cut"]["draft_cutoff"] == 0.4 and meta["options"]["domino"]["draft_cutoff"] == 0
+    # the code set comes from the running Python's standard library, so the report names the Python
+    assert meta["machine"].endswith(f", Python {platform.python_version()}")
     for m in methods - {"ar"}:
         assert res[m]["lossless"]["equal"] == res[m]["lossless"]["total"] == 2, m
         assert res[m]["tokens_per_s"] > 0 and res[m]["speedup_vs_ar"] > 0

@@ -134,7 +134,8 @@ def run(args) -> dict:
     from .measure import QUICK_EVAL
     meta = {"command": "python -m domino_lab.experiments run " + " ".join(sys.argv[2:] if args.argv is None
                                                                           else args.argv[1:]),
-            "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, {torch.get_num_threads()} torch threads",
+            "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, {torch.get_num_threads()} torch threads, "
+                       f"Python {platform.python_version()}",
             "date": time.strftime("%Y-%m-%d %H:%M"), "wall_min": round((time.time() - t0) / 60, 1),
             "trained": sorted(after - before) or "none (all reused)", "quick": quick,
             "seeds": spec.seeds, "limit": QUICK_EVAL["limit"] if quick else spec.limit,
