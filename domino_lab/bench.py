@@ -355,7 +355,7 @@ def plots(results: dict, out_dir: Path) -> list[Path]:
 
 def build_parser() -> argparse.ArgumentParser:
     p = CliParser(prog="python -m domino_lab.bench", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+                  formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--target", default="default")
     p.add_argument("--sets", nargs="+", default=["math", "humaneval"], help="eval set names or JSONL files")
     p.add_argument("--methods", nargs="+", choices=METHODS, metavar="METHOD",

@@ -18,7 +18,7 @@ DTYPES = ("float32", "bfloat16", "float16")
 
 def build_parser() -> argparse.ArgumentParser:
     p = CliParser(prog="python -m domino_lab.export", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+                  formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--drafter", required=True,
                    help="shipped name (default-nocopy, default-dflash-nocopy: the release layouts have no copy "
                         "input) or a drafter directory")

@@ -400,7 +400,7 @@ def _function_headers(text: str, max_chars: int) -> Iterator[tuple[int, str]]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = CliParser(prog="python -m domino_lab.data.eval_sets",
-                                 description="Print an evaluation set as JSONL ({id, prompt} per line).")
+                   description="Print an evaluation set as JSONL ({id, prompt} per line).")
     ap.add_argument("name", help=f"one of {', '.join(EVAL_SETS)}, or a JSONL file to validate")
     ap.add_argument("--limit", type=int, default=None, help="keep only the first N prompts")
     args = ap.parse_args(argv)

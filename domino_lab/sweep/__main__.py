@@ -21,7 +21,7 @@ from .config import DEFAULT_SWEEP, load_sweep
 
 def build_parser() -> argparse.ArgumentParser:
     p = CliParser(prog="python -m domino_lab.sweep", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+                  formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", default=DEFAULT_SWEEP, help="sweep YAML (search space, budget, pruner)")
     p.add_argument("overrides", nargs="*", help="key=value overrides of the sweep YAML (e.g. n_trials=2)")
     p.add_argument("--study-name")
