@@ -565,7 +565,7 @@ def main(argv: list[str] | None = None) -> int:
         from .training.tracking import check_tracking_uri
 
         check_tracking_uri(args.tracking_uri, "--tracking-uri")
-    from .data.eval_sets import load_eval_set
+    from .data.eval_sets import load_eval_set, prompts_digest
 
     # bad names fail before any model loads; a JSONL file is reported under its stem
     labels = [Path(s).stem if s.endswith(".jsonl") else s for s in args.sets]
@@ -644,6 +644,7 @@ def main(argv: list[str] | None = None) -> int:
             "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, {torch.get_num_threads()} torch "
                        f"threads ({openmp_waits()}), torch {torch.__version__}, Python {platform.python_version()}",
             "date": time.strftime("%Y-%m-%d %H:%M"),
+            "prompts": {name: prompts_digest(prompts) for name, prompts in sets.items()},
             "target": args.target, "drafters": {m: spec for m, (spec, _) in specs.items()},
             "options": {m: asdict(o) for m, (_, o) in specs.items()},
             "domino_head": asdict(drafters["domino"].options) if "domino" in drafters else None,
@@ -679,7 +680,9 @@ def main(argv: list[str] | None = None) -> int:
                     notes.append(f"**{s}/batch {size}/{m}: output differs from `ar` on "
                                  f"{len(sets[s]) - r['lossless']} prompt(s).**")
     text = (f"`{meta['command']}`\n\n{meta['machine']}; {meta['date']}; {meta['wall_s']} s; {smp.describe()}"
-            + (f"; greedy LM head: {meta['lm_head']}" if smp.temperature == 0 else "") + f"\n\n{md}\n\n"
+            + (f"; greedy LM head: {meta['lm_head']}" if smp.temperature == 0 else "")
+            + "; prompts: " + ", ".join(f"{k} {v['n']} (sha256 {v['sha256']})" for k, v in meta["prompts"].items())
+            + f"\n\n{md}\n\n"
             + ("\n".join(notes) + "\n\n" if notes else agreement(smp) + "\n\n")
             + "".join(f"Skipped `{m}` (not named in --methods): {why}\n\n" for m, why in skipped.items())
             + (f"Batched decoding (ragged acceptance; "

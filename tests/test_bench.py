@@ -63,8 +63,15 @@ def test_quick_bench_writes_table_json_and_checks_losslessness(dirs, tmp_path, c
     assert bounds["domino"]["B"] == pytest.approx(res["domino"]["tau"] * 100.0 / 100.0)
     assert "a projection, not a measurement" in (out / "bench.md").read_text()
     assert meta["options"]["d+cut"]["draft_cutoff"] == 0.4 and meta["options"]["domino"]["draft_cutoff"] == 0
-    # the code set comes from the running Python's standard library, so the report names the Python
+    # the code set comes from the running Python's standard library, so the report names the Python, and each set's
+    # prompts by count and digest
     assert meta["machine"].endswith(f", Python {platform.python_version()}")
+    from domino_lab.data.eval_sets import load_eval_set, prompts_digest
+
+    given = load_eval_set(prompts)[:2]                  # --quick: the first 2 prompts of each set
+    assert meta["prompts"] == {"prompts": prompts_digest(given)} and meta["prompts"]["prompts"]["n"] == 2
+    assert f"prompts: prompts 2 (sha256 {prompts_digest(given)['sha256']})" in (out / "bench.md").read_text()
+    assert prompts_digest([dict(given[0], prompt=given[0]["prompt"] + " "), given[1]]) != prompts_digest(given)
     for m in methods - {"ar"}:
         assert res[m]["lossless"]["equal"] == res[m]["lossless"]["total"] == 2, m
         assert res[m]["tokens_per_s"] > 0 and res[m]["speedup_vs_ar"] > 0

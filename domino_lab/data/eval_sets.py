@@ -228,6 +228,16 @@ def check_prompt_text(text: str, what: str, fix: str = "give the prompt as UTF-8
                         f"{fix}") from None
 
 
+def prompts_digest(prompts: list[dict]) -> dict:
+    """How many prompts, and a digest of their ids and texts: two reports evaluated the same prompts exactly when
+    their digests agree. `code` follows the running Python's standard library and `unseen` and `fresh` the
+    installed packages, so a set's name alone does not say which prompts it held."""
+    h = hashlib.sha256()
+    for p in prompts:
+        h.update(f"{p['id']}\0{p['prompt']}\0".encode("utf-8", "surrogatepass"))
+    return {"n": len(prompts), "sha256": h.hexdigest()[:16]}
+
+
 def read_prompts_jsonl(path: str | Path) -> list[dict]:
     """`{"id", "prompt"}` per line (blank lines skipped). `id` may be a string or an integer and
     defaults to `<file stem>/<line number>`; every problem is reported with file and line number."""
