@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import sys
 import time
 from dataclasses import dataclass
@@ -575,13 +573,11 @@ def main(argv: list[str] | None = None) -> int:
                             f"{label!r}; give each set once, and JSONL files different names")
     sets = {label: load_eval_set(s, limit=args.limit) for label, s in zip(labels, args.sets)}
     regime = load_regime(args.project) if args.project else None
-    import torch
-
     from dataclasses import asdict, replace
 
     from .decoding.engine import check_tree_mode
     from .models import InferenceOptions, load_drafter
-    from .target import Target, openmp_waits, use_decode_threads
+    from .target import Target, machine_line, openmp_waits, use_decode_threads
 
     options = InferenceOptions.from_args(args)
     smp = Sampling(args.temperature, args.top_p, args.sampler, args.seed)
@@ -641,8 +637,7 @@ def main(argv: list[str] | None = None) -> int:
                                  continuous=args.continuous)
                 for s, prompts in sets.items()} if args.batch_sizes else {})
     meta = {"command": "python -m domino_lab.bench " + " ".join(argv if argv is not None else sys.argv[1:]),
-            "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, {torch.get_num_threads()} torch "
-                       f"threads ({openmp_waits()}), torch {torch.__version__}, Python {platform.python_version()}",
+            "machine": machine_line(openmp_waits()),
             "date": time.strftime("%Y-%m-%d %H:%M"),
             "prompts": {name: prompts_digest(prompts) for name, prompts in sets.items()},
             "target": args.target, "drafters": {m: spec for m, (spec, _) in specs.items()},

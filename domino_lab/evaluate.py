@@ -93,14 +93,12 @@ def _drafter_items(items: list[str]) -> list[tuple[str, str, str]]:
 
 def run_record() -> dict:
     """The command, machine and time a result file records."""
-    import platform
     import sys
     import time
 
-    import torch
+    from .target import machine_line
 
-    return {"command": " ".join(sys.argv), "machine": f"{platform.machine()} {torch.get_num_threads()} threads, "
-                                                    f"Python {platform.python_version()}",
+    return {"command": " ".join(sys.argv), "machine": machine_line(),
             "date": time.strftime("%Y-%m-%d %H:%M")}
 
 

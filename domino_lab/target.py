@@ -87,6 +87,18 @@ def openmp_waits() -> str:
     return f"OMP_WAIT_POLICY={policy}" if policy else "libgomp default"
 
 
+def machine_line(threads_note: str = "") -> str:
+    """The machine and software a measurement ran on, for a report's header: architecture, cores, torch threads
+    (with `threads_note`, e.g. the OpenMP waits, in brackets), torch and Python. Python matters for results as well as
+    times: the `code` eval set comes from the running interpreter's standard library."""
+    import os
+    import platform
+
+    note = f" ({threads_note})" if threads_note else ""
+    return (f"{platform.machine()}, {os.cpu_count()} CPUs, {torch.get_num_threads()} torch threads{note}, "
+            f"torch {torch.__version__}, Python {platform.python_version()}")
+
+
 def pick_threads(seconds: dict[int, float]) -> int:
     """The thread count to decode with, from the measured time of the same work at each count: the fewest threads
     unless more are faster by more than THREADS_MARGIN."""

@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
 import sys
 import time
@@ -142,11 +140,9 @@ def main(argv=None) -> int:
     from domino_lab.data.eval_sets import load_eval_set
 
     sets = {s: load_eval_set(s, limit=args.limit) for s in args.sets}      # bad names fail before any model loads
-    import torch
-
     from domino_lab.decoding.batched import batched_generate
     from domino_lab.models import load_drafter
-    from domino_lab.target import Target, decode_threads, openmp_waits, torch_threads
+    from domino_lab.target import Target, decode_threads, machine_line, openmp_waits, torch_threads
 
     target = Target.from_pretrained(args.target)
     drafter = load_drafter(args.drafter, target)
@@ -168,8 +164,7 @@ def main(argv=None) -> int:
                                                      for k, v in results[s][size]["configs"].items()),
                   file=sys.stderr, flush=True)
     meta = {"command": "python experiments/batch_drafts.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-            "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, OpenMP waits: {openmp_waits()}, torch "
-                       f"{torch.__version__}", "date": time.strftime("%Y-%m-%d %H:%M"),
+            "machine": machine_line(f"OpenMP waits: {openmp_waits()}"), "date": time.strftime("%Y-%m-%d %H:%M"),
             "wall_s": round(time.time() - started, 1), "drafter": args.drafter, "rounds": args.rounds,
             "max_new_tokens": args.max_new_tokens, "limit": args.limit, "continuous": args.continuous}
     md = markdown(results, meta)

@@ -23,8 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -143,12 +141,12 @@ def table(results: dict) -> str:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    import torch
+    from domino_lab.target import machine_line
 
     started = time.time()
     results = run(args)
     meta = {"command": "python experiments/copy_gap.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-            "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}",
+            "machine": machine_line(),
             "date": time.strftime("%Y-%m-%d %H:%M"), "drafters": args.drafter, "limit": args.limit,
             "max_new_tokens": args.max_new_tokens, "min_ngram": args.min_ngram,
             "wall_s": round(time.time() - started, 1)}

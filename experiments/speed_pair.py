@@ -19,8 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
-import platform
 import statistics
 import sys
 import time
@@ -170,14 +168,13 @@ def _same(identical: bool | None) -> str:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    import torch
+    from domino_lab.target import machine_line
 
     started = time.time()
     res = run(args)
     la, lb = args.a.partition("=")[0], args.b.partition("=")[0]
     meta = {"command": "python experiments/speed_pair.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-            "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, {torch.get_num_threads()} torch threads, "
-                       f"torch {torch.__version__}", "date": time.strftime("%Y-%m-%d %H:%M"),
+            "machine": machine_line(), "date": time.strftime("%Y-%m-%d %H:%M"),
             "rounds": args.rounds, "max_new_tokens": args.max_new_tokens, "a": args.a, "b": args.b,
             "temperature": args.temperature,
             "samplers": args.samplers,

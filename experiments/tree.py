@@ -24,8 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
 import sys
 import time
@@ -283,14 +281,13 @@ def plot(summ: dict, path: Path) -> None:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    import torch
+    from domino_lab.target import machine_line
 
     started = time.time()
     results = run(args)
     summ = summary(results)
     meta = {"command": "python experiments/tree.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-            "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, {torch.get_num_threads()} torch "
-                       f"threads, torch {torch.__version__}", "date": time.strftime("%Y-%m-%d %H:%M"),
+            "machine": machine_line(), "date": time.strftime("%Y-%m-%d %H:%M"),
             "target": args.target, "drafters": args.drafter, "nodes": sorted(set(args.nodes)),
             "limit": args.limit, "max_new_tokens": args.max_new_tokens, "rounds": args.rounds,
             "temperature": args.temperature, "sampler": args.sampler, "wall_s": round(time.time() - started, 1)}

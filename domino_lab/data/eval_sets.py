@@ -232,10 +232,9 @@ def prompts_digest(prompts: list[dict]) -> dict:
     """How many prompts, and a digest of their ids and texts: two reports evaluated the same prompts exactly when
     their digests agree. `code` follows the running Python's standard library and `unseen` and `fresh` the
     installed packages, so a set's name alone does not say which prompts it held."""
-    h = hashlib.sha256()
-    for p in prompts:
-        h.update(f"{p['id']}\0{p['prompt']}\0".encode("utf-8", "surrogatepass"))
-    return {"n": len(prompts), "sha256": h.hexdigest()[:16]}
+    from domino_lab.data.cache import fingerprint
+
+    return {"n": len(prompts), "sha256": fingerprint(prompts=[[p["id"], p["prompt"]] for p in prompts])}
 
 
 def read_prompts_jsonl(path: str | Path) -> list[dict]:

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -131,11 +129,11 @@ def run(args) -> dict:
                          "CE of the base (backbone) logits, running mean of 25", skip_steps=2 if quick else 50)
         extras["base_loss"] = {"curves": curves, "png": png}
     after = {p.parent.name for p in runs_dir.glob("*/result.json")}
+    from ..target import machine_line
     from .measure import QUICK_EVAL
     meta = {"command": "python -m domino_lab.experiments run " + " ".join(sys.argv[2:] if args.argv is None
                                                                           else args.argv[1:]),
-            "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, {torch.get_num_threads()} torch threads, "
-                       f"Python {platform.python_version()}",
+            "machine": machine_line(),
             "date": time.strftime("%Y-%m-%d %H:%M"), "wall_min": round((time.time() - t0) / 60, 1),
             "trained": sorted(after - before) or "none (all reused)", "quick": quick,
             "seeds": spec.seeds, "limit": QUICK_EVAL["limit"] if quick else spec.limit,
