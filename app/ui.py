@@ -11,7 +11,7 @@ import gradio as gr
 import pandas as pd
 
 from domino_lab.errors import UserError
-from domino_lab.sampling import SAMPLERS
+from domino_lab.cli_flags import SAMPLERS
 
 from . import runs as runs_view
 from .catalog import Catalog

@@ -22,8 +22,13 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from .cli_flags import add_sampler_arg, add_threads_arg
 from .errors import CliParser, UserError, atomic_path, check_out_dir, run_cli
+
+if TYPE_CHECKING:
+    from .decoding.metrics import StepTally
 
 METHODS = ("ar", "hf", "hf-prompt-lookup", "hf-assisted", "dflash", "domino-eager", "domino-fast", "domino-compiled",
            "domino", "dflash-tree", "domino-tree")
@@ -375,7 +380,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help="0 = greedy (the default); T > 0 samples every method, prompt i with seed --seed + i")
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0, help="sampling seed of the first prompt of each set (T > 0)")
-    from .decoding.engine import add_sampler_arg
     add_sampler_arg(p)
     p.add_argument("--prompt-lookup-tokens", type=int, default=10)
     p.add_argument("--limit", type=int, default=None, help="first N prompts of every set")
@@ -383,7 +387,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=int, default=None,
                    help="prompts decoded by every method before timing (default 2)")
     p.add_argument("--dtype", default="float32")
-    from .target import add_threads_arg
     add_threads_arg(p)
     p.add_argument("--out", default=None, help="folder for bench.json, bench.md and the plots (default: the "
                                                 "repository's runs/bench)")

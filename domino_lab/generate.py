@@ -8,6 +8,7 @@ import argparse
 import json
 import sys
 
+from .cli_flags import add_sampler_arg, add_threads_arg
 from .errors import CliParser, UserError, run_cli
 
 
@@ -22,7 +23,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help="float32 (CPU default), bfloat16, float64 (bfloat16 rounds a block verify and a one-token "
                         "step differently: at a near-tie the text can differ from plain bfloat16 decoding)")
     p.add_argument("--device", default="cpu")
-    from .target import add_threads_arg
     add_threads_arg(p)
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="prompt text")
@@ -33,7 +33,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0)
-    from .decoding.engine import add_sampler_arg
     add_sampler_arg(p)
     from .models.options import add_inference_args
     add_inference_args(p, block_size=True)

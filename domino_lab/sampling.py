@@ -10,13 +10,8 @@ import numbers
 import numpy as np
 import torch
 
+from .cli_flags import SAMPLERS
 from .errors import UserError
-
-# How a sampled decode (T > 0) verifies drafts: "rejection" = standard speculative sampling (the drafter samples,
-# the target accepts with probability min(1, p/q)); "gumbel" = Gumbel-max coupling (`GumbelNoise`): the target's
-# token at every position is argmax(log p + g) with noise g fixed by the seed and the position, and the drafter
-# proposes the same argmax over its own logits, so a draft is accepted when it equals that token.
-SAMPLERS = ("rejection", "gumbel")
 
 
 def check_sampling(temperature: float, top_p: float = 1.0, sampler: str = "rejection", tree_sampled: bool = False

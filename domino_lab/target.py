@@ -160,14 +160,6 @@ def torch_threads(n: int | None):
         torch.set_num_threads(before)
 
 
-def add_threads_arg(p) -> None:
-    """--threads for a CLI that decodes (pass its value to use_decode_threads)."""
-    p.add_argument("--threads", type=int, default=None,
-                   help="torch intra-op threads (default: for a target under 50M parameters on a CPU, 1, and for "
-                        "batched decoding 1 or all cores, whichever measures faster; else all cores; "
-                        "docs/design.md#threads-for-small-targets)")
-
-
 def hub_reachable() -> bool:
     """Whether the Hugging Face hub's host name resolves (HF_ENDPOINT, or huggingface.co; HF_HUB_OFFLINE=1 counts
     as no): a machine without network fails here at once, where a download would retry for half a minute."""

@@ -26,10 +26,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def resolve_config(argv):
+    args = build_parser().parse_intermixed_args(argv)      # (before the imports: --help answers without torch)
     from .config import load_config
     from .training.config import TrainConfig
 
-    args = build_parser().parse_intermixed_args(argv)
     overrides = list(args.overrides)
     for flag, key in (("devices", "devices"), ("num_nodes", "num_nodes"), ("strategy", "strategy"),
                       ("accelerator", "accelerator")):
@@ -235,9 +235,9 @@ def _train(cfg, resume: bool, extra_callbacks, logger, target) -> dict:
 def main(argv=None) -> int:
     import sys
 
+    cfg, resume = resolve_config(argv)
     from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-    cfg, resume = resolve_config(argv)
     try:
         result = train(cfg, resume=resume)
     except SIGTERMException:

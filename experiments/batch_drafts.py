@@ -25,6 +25,7 @@ import sys
 import time
 from pathlib import Path
 
+from domino_lab.cli_flags import add_threads_arg
 from domino_lab.errors import CliParser, UserError, atomic_path, check_out_dir, run_cli
 
 
@@ -41,7 +42,6 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "slot takes the next prompt) instead of consecutive batches of that size")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--rounds", type=int, default=2)
-    from domino_lab.target import add_threads_arg
     add_threads_arg(p)
     p.add_argument("--out", default=None, help="folder for batch_drafts.{md,json,png} (default: print only)")
     a = p.parse_args(argv)

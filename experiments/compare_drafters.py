@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 
 from domino_lab.data.eval_sets import load_eval_set
+from domino_lab.cli_flags import add_sampler_arg
 from domino_lab.errors import CliParser, check_out_file, run_cli
 from domino_lab.evaluate import drafter_provenance, evaluate, named_drafters, paired, run_record, save_results
 from domino_lab.target import Target
@@ -26,7 +27,6 @@ def main(argv=None) -> int:
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--samples", type=int, default=1,
                    help="T > 0: sampling seeds per prompt, pooled into the prompt's τ (less noise per paired difference)")
-    from domino_lab.decoding.engine import add_sampler_arg
     add_sampler_arg(p)
     p.add_argument("--out", required=True, help="JSON results (a markdown table is printed and written beside it)")
     args = p.parse_args(argv)

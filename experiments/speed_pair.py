@@ -24,6 +24,7 @@ import sys
 import time
 from pathlib import Path
 
+from domino_lab.cli_flags import SAMPLERS, add_sampler_arg, add_threads_arg
 from domino_lab.errors import CliParser, UserError, atomic_path, check_out_dir, run_cli
 
 
@@ -38,11 +39,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=3, help="decodes of every prompt by each drafter (at T > 0: seeds "
                    "0 .. rounds-1)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (the default); > 0 samples")
-    from domino_lab.decoding.engine import add_sampler_arg
-    from domino_lab.sampling import SAMPLERS
     add_sampler_arg(p)
     p.add_argument("--sampler-b", choices=SAMPLERS, default=None, help="--b's sampler when it differs from --a's")
-    from domino_lab.target import add_threads_arg
     add_threads_arg(p)
     p.add_argument("--out", default=None, help="folder for speed_pair.{md,json} (default: print only)")
     a = p.parse_args(argv)

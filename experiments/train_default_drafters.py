@@ -178,7 +178,7 @@ def main(argv=None) -> int:
         ship(args, argv)
         return 0
     started = time.time()
-    walls = train_all(args.recipes, args.seeds, runs, args.parallel, args.overrides)
+    train_all(args.recipes, args.seeds, runs, args.parallel, args.overrides)
 
     # the summary covers every finished run in the folder (earlier invocations' too)
     from mlflow.tracking import MlflowClient

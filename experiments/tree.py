@@ -33,6 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from domino_lab.cli_flags import add_sampler_arg, add_threads_arg  # noqa: E402
 from domino_lab.errors import CliParser, UserError, atomic_path, check_out_dir, run_cli  # noqa: E402
 
 DEFAULT_DRAFTERS = ["domino=default", "dflash=default-dflash"]
@@ -53,9 +54,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=1, help="prompts every configuration decodes before timing")
     p.add_argument("--temperature", type=float, default=0.0,
                    help="sampling temperature (0 = greedy, the default); > 0: every round is a new sample")
-    from domino_lab.decoding.engine import add_sampler_arg
     add_sampler_arg(p)                 # (with gumbel every output is checked against ar's sample again)
-    from domino_lab.target import add_threads_arg
     add_threads_arg(p)
     p.add_argument("--out", default=str(ROOT / "experiments" / "results"), help="folder for tree.{md,json,png}")
     p.add_argument("--quick", action="store_true", help="2 prompts per set, 16 new tokens, 1 round (smoke test)")

@@ -18,7 +18,6 @@ import json
 import platform
 import statistics
 import sys
-from functools import partial
 from pathlib import Path
 
 import torch

@@ -267,6 +267,28 @@ def test_a_bad_command_line_is_one_error_line_that_points_to_help(module, capsys
     assert err.count("\n") == 1 and err.startswith("error: ") and err.endswith(" --help\n"), err
 
 
+HEAVY = ("torch", "transformers", "lightning", "gradio", "mlflow", "optuna", "datasets")
+PROBE = """import contextlib, io, runpy, sys
+sys.argv = [sys.argv[1]] + sys.argv[2:]
+with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+    try:
+        runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
+    except SystemExit as e:
+        code = e.code
+print(code, [m for m in %r if m in sys.modules])
+""" % (HEAVY,)
+
+
+@pytest.mark.parametrize("module", [m.removesuffix(".__main__") for m in CLI_MAINS])
+def test_help_and_a_bad_flag_answer_before_any_heavy_import(module):
+    """The package's promise: a CLI builds and reads its parser before torch, transformers or Lightning load
+    (several seconds each), so `--help` and argparse's one-line error come at once."""
+    for argv, code in ((["--help"], "0"), (["--no-such-option"], "2")):
+        out = subprocess.run([sys.executable, "-c", PROBE, module, *argv], capture_output=True, text=True,
+                             timeout=120)
+        assert out.stdout.strip() == f"{code} []", (module, argv, out.stdout, out.stderr[-2000:])
+
+
 def test_a_bad_value_in_a_subcommand_names_the_subcommand(capsys):
     from domino_lab.experiments.__main__ import main
 

@@ -262,14 +262,6 @@ def speculative_generate(target, drafter=None, prompt: str | None = None, prompt
                             stop_reason=stop or ("context_length" if cut_by_context else "max_new_tokens"))
 
 
-def add_sampler_arg(p) -> None:
-    """`--sampler`, for the CLIs that sample."""
-    p.add_argument("--sampler", choices=sampling.SAMPLERS, default="rejection",
-                   help="how T > 0 verifies drafts: rejection (standard speculative sampling, the default) or gumbel "
-                        "(Gumbel-max coupling: the seed fixes the text, the same with or without a drafter; "
-                        "docs/design.md#gumbel-coupled-sampling)")
-
-
 def check_tree_mode(drafter) -> None:
     """Tree verification needs a block drafter and a target of full or sliding-window attention layers; anything
     else is one clear error."""

@@ -141,7 +141,7 @@ def validate(spec: ExperimentSpec, where: str) -> None:
             raise UserError(f"{where}: unknown eval set '{s}'; use {list(EVAL_SETS)}")
     if any(t < 0 for t in spec.temperatures):
         raise UserError(f"{where}: temperatures must be >= 0")
-    from ..sampling import SAMPLERS
+    from ..cli_flags import SAMPLERS
     if spec.sampler not in SAMPLERS:
         raise UserError(f"{where}: unknown sampler '{spec.sampler}'; use one of {list(SAMPLERS)}")
     for pair in spec.compare:

@@ -1,23 +1,14 @@
-"""Speculative inference as a LightningModule: `Trainer.predict` over an eval set runs the engine on every
-prompt, so the same code runs on CPU, on a GPU (bf16 via `precision`), and data-parallel over devices.
-
-    from domino_lab.inference import predict
-    rows = predict("default", "default", "math", max_new_tokens=128)          # one dict per prompt
-
-or `python -m domino_lab.inference --prompts math --out runs/predict.jsonl [--devices 2 --strategy ddp]`; with
-`--batched --batch-size N` each batch's prompts are decoded together (decoding/batched.py), and with `--slots S` as
-a queue through S rows at a time (continuous batching: a finished row's place goes to the batch's next prompt).
-"""
+"""`SpeculativeDecoder`, the LightningModule whose `predict_step` runs the engine on a batch of prompts, and
+`predict`, which runs it through `Trainer.predict` (the package docstring has the usage)."""
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
 import lightning.pytorch as pl
 from torch.utils.data import DataLoader
 
-from .errors import CliParser, UserError, atomic_path, check_out_file, run_cli
+from ..errors import UserError
 
 
 class SpeculativeDecoder(pl.LightningModule):
@@ -32,14 +23,14 @@ class SpeculativeDecoder(pl.LightningModule):
         # registered as submodules so Lightning moves them to the device (and casts them for the precision)
         self.target_model = target.model
         self.draft_model = drafter
-        from .decoding.engine import check_lookup_mode, check_tree_mode
-        from .decoding.tree import check_tree_nodes
+        from ..decoding.engine import check_lookup_mode, check_tree_mode
+        from ..decoding.tree import check_tree_nodes
 
         tree_nodes = check_tree_nodes(tree_nodes)
         if tree_nodes:               # a misfit fails here, before Lightning starts
             check_tree_mode(drafter)
         check_lookup_mode(drafter, drafter.options.lookup if drafter is not None else 0)
-        from .sampling import check_sampling
+        from ..sampling import check_sampling
 
         check_sampling(temperature, top_p, sampler, drafter is not None and drafter.options.tree_sampled)
         if batched:
@@ -49,8 +40,8 @@ class SpeculativeDecoder(pl.LightningModule):
         self.seed, self.steps, self.batched, self.slots = seed, steps, batched, slots
 
     def predict_step(self, batch: list[dict], batch_idx: int, dataloader_idx: int = 0) -> list[dict]:
-        from .decoding import speculative_generate
-        from .decoding.engine import RECORD_TOPK
+        from ..decoding import speculative_generate
+        from ..decoding.engine import RECORD_TOPK
 
         if self.batched:
             return self._batched_step(batch)
@@ -69,8 +60,8 @@ class SpeculativeDecoder(pl.LightningModule):
     def _batched_step(self, batch: list[dict]) -> list[dict]:
         """The batch's prompts decoded together (decoding/batched.py): the same tokens as one at a time, each row
         seeded as the one-at-a-time path seeds it. A row's wall time is its batch's, shared with the other rows."""
-        from .decoding.batched import batched_generate
-        from .decoding.engine import prompt_token_ids
+        from ..decoding.batched import batched_generate
+        from ..decoding.engine import prompt_token_ids
 
         g = self.gen
         ids = [prompt_token_ids(self.target, row["prompt"], what=f"prompt {row['id']!r}") for row in batch]
@@ -94,7 +85,7 @@ def check_batched(drafter, tree_nodes: int, temperature: float, sampler: str, bl
                   steps: bool) -> None:
     """What decoding a batch's prompts together cannot do, as one error each (before Lightning starts): the batched
     engine's own limits, and the one-sequence options inference would otherwise ignore."""
-    from .decoding.batched import check_batched_mode
+    from ..decoding.batched import check_batched_mode
 
     if tree_nodes:
         raise UserError("batched inference verifies chains; tree verification decodes one sequence at a time: "
@@ -122,7 +113,7 @@ def _collate(rows: list[dict]) -> list[dict]:
 
 def check_batching(batch_size, batched: bool, slots) -> None:
     """The batch size and slots, checked before any model loads."""
-    from .decoding.batched import check_slots
+    from ..decoding.batched import check_slots
 
     if not (isinstance(batch_size, int) and not isinstance(batch_size, bool) and batch_size >= 1):
         raise UserError(f"batch size must be a whole number >= 1, got {batch_size!r}")
@@ -134,7 +125,7 @@ def check_batching(batch_size, batched: bool, slots) -> None:
 def parse_devices(text: str) -> int | list[int] | str:
     """--devices as Lightning takes it (the training config's reading: a count, -1 for every GPU, 'auto', or device
     ids such as '0,1'), or one error."""
-    from .training.devices import parse_devices as lightning_devices
+    from ..training.devices import parse_devices as lightning_devices
 
     parsed = lightning_devices(str(text).strip())
     if parsed is None or (isinstance(parsed, int) and (parsed == 0 or parsed < -1)):
@@ -154,7 +145,7 @@ def make_trainer(accelerator: str = "auto", devices="auto", strategy: str = "aut
     typo costs nothing."""
     from lightning.fabric.utilities.exceptions import MisconfigurationException
 
-    from .training.devices import quiet_lightning_tips
+    from ..training.devices import quiet_lightning_tips
 
     quiet_lightning_tips()
     settings = dict(accelerator=accelerator, devices=devices, strategy=strategy, precision=precision or "32-true")
@@ -211,9 +202,9 @@ def predict(target, drafter, prompts, *, max_new_tokens: int = 128, temperature:
     many of a batch's prompts at once, a finished row's place going to the next (continuous batching; batched only;
     None = the whole batch at once). `trainer`: one already made by `make_trainer` (it then stands for accelerator,
     devices, strategy and precision)."""
-    from .data.eval_sets import load_eval_set
-    from .models import load_drafter
-    from .target import Target
+    from ..data.eval_sets import load_eval_set
+    from ..models import load_drafter
+    from ..target import Target
 
     check_batching(batch_size, batched, slots)
     if trainer is None:
@@ -228,7 +219,7 @@ def predict(target, drafter, prompts, *, max_new_tokens: int = 128, temperature:
     rows = [dict(row, _index=i) for i, row in enumerate(rows)]         # each prompt's seed (SpeculativeDecoder._seed)
     if isinstance(target, str):
         target = Target.from_pretrained(target, dtype=dtype)
-    from .decoding.engine import prompts_token_ids
+    from ..decoding.engine import prompts_token_ids
 
     prompts_token_ids(target, rows)         # every prompt fits the context, before anything is decoded
     if isinstance(drafter, str):
@@ -239,76 +230,3 @@ def predict(target, drafter, prompts, *, max_new_tokens: int = 128, temperature:
     loader = DataLoader(rows, batch_size=batch_size, collate_fn=_collate, shuffle=False)
     batches = trainer.predict(module, dataloaders=loader)
     return [r for b in batches or [] for r in b]
-
-
-def main(argv=None) -> int:
-    p = CliParser(prog="python -m domino_lab.inference", description=__doc__.split("\n\n")[0])
-    p.add_argument("--target", default="default")
-    p.add_argument("--drafter", default="default", help="checkpoint dir, shipped name, or 'none'")
-    p.add_argument("--prompts", required=True, help="eval set name (math, humaneval, code, unseen, fresh) or JSONL file")
-    p.add_argument("--out", required=True, help="JSONL output (one row per prompt; rank files under DDP)")
-    p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--temperature", type=float, default=0.0)
-    from .decoding.engine import add_sampler_arg
-    add_sampler_arg(p)
-    p.add_argument("--batch-size", type=int, default=1)
-    p.add_argument("--batched", action="store_true",
-                   help="decode each batch's prompts together (batched decoding: the same tokens, throughput at "
-                        "larger batches, no per-step records in the output)")
-    p.add_argument("--slots", type=int, default=None, metavar="S",
-                   help="with --batched: decode each batch as a queue through S rows at a time, a finished row's place "
-                        "going to the batch's next prompt (continuous batching; default: the whole batch at once)")
-    p.add_argument("--accelerator", default="auto")
-    p.add_argument("--devices", default="auto")
-    p.add_argument("--strategy", default="auto")
-    p.add_argument("--precision", default=None, help="e.g. bf16-mixed on GPU (default 32-true)")
-    p.add_argument("--dtype", default=None)
-    p.add_argument("--limit", type=int, default=None)
-    from .target import add_threads_arg
-    add_threads_arg(p)
-    p.add_argument("--tree-nodes", type=int, default=0, metavar="N",
-                   help="verify a draft tree of N nodes per step (block drafters, any temperature; 0 = chain)")
-    from .models.options import add_inference_args, check_tree_flags
-    add_inference_args(p, block_size=True)
-    args = p.parse_args(argv)
-    from .data.eval_sets import load_eval_set
-    from .models import InferenceOptions
-
-    if args.max_new_tokens < 1:
-        raise UserError("--max-new-tokens must be at least 1")
-    if args.batch_size < 1:
-        raise UserError(f"--batch-size must be at least 1, got {args.batch_size}")
-    from .decoding.tree import check_tree_nodes
-
-    check_tree_nodes(args.tree_nodes, "--tree-nodes")
-    check_batching(args.batch_size, args.batched, args.slots)
-    check_out_file(args.out)             # rank files go beside it, so this covers them too
-    check_tree_flags(args, args.tree_nodes)
-    from .training.devices import check_not_spawned
-
-    check_not_spawned(args.strategy)
-    trainer = make_trainer(args.accelerator, parse_devices(args.devices), args.strategy, args.precision)
-    rows = load_eval_set(args.prompts, limit=args.limit)
-    from .target import Target, use_decode_threads
-
-    target = Target.from_pretrained(args.target, dtype=args.dtype)
-    use_decode_threads(target, args.threads,
-                       rows=min(args.slots or args.batch_size, args.batch_size) if args.batched else 1)
-    out = predict(target, args.drafter, rows, max_new_tokens=args.max_new_tokens,
-                  temperature=args.temperature, batch_size=args.batch_size, dtype=args.dtype,
-                  options=InferenceOptions.from_args(args), tree_nodes=args.tree_nodes, sampler=args.sampler,
-                  batched=args.batched, slots=args.slots, steps=not args.batched, trainer=trainer)
-    path = Path(args.out)
-    rank = out[0]["rank"] if out else 0
-    if rank:
-        path = path.with_name(f"{path.stem}.rank{rank}{path.suffix}")
-    with atomic_path(path) as t:
-        t.write_text("".join(json.dumps(r) + "\n" for r in out))
-    lengths = [a for r in out for a in r["acceptance_lengths"]]     # τ pooled over steps, as decoding.metrics
-    print(json.dumps({"out": str(path), "prompts": len(out),
-                      "tau": sum(lengths) / len(lengths) if lengths else None}))
-    return 0
-
-
-if __name__ == "__main__":
-    run_cli(main)
