@@ -566,7 +566,7 @@ def main(argv: list[str] | None = None) -> int:
         from .training.tracking import check_tracking_uri
 
         check_tracking_uri(args.tracking_uri, "--tracking-uri")
-    from .data.eval_sets import load_eval_set, prompts_digest
+    from .data.eval_sets import load_eval_set, prompts_digest, prompts_line
 
     # bad names fail before any model loads; a JSONL file is reported under its stem
     labels = [Path(s).stem if s.endswith(".jsonl") else s for s in args.sets]
@@ -679,7 +679,7 @@ def main(argv: list[str] | None = None) -> int:
                                  f"{len(sets[s]) - r['lossless']} prompt(s).**")
     text = (f"`{meta['command']}`\n\n{meta['machine']}; {meta['date']}; {meta['wall_s']} s; {smp.describe()}"
             + (f"; greedy LM head: {meta['lm_head']}" if smp.temperature == 0 else "")
-            + "; prompts: " + ", ".join(f"{k} {v['n']} (sha256 {v['sha256']})" for k, v in meta["prompts"].items())
+            + "; " + prompts_line(meta["prompts"])
             + f"\n\n{md}\n\n"
             + ("\n".join(notes) + "\n\n" if notes else agreement(smp) + "\n\n")
             + "".join(f"Skipped `{m}` (not named in --methods): {why}\n\n" for m, why in skipped.items())

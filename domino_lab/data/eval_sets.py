@@ -237,6 +237,11 @@ def prompts_digest(prompts: list[dict]) -> dict:
     return {"n": len(prompts), "sha256": fingerprint(prompts=[[p["id"], p["prompt"]] for p in prompts])}
 
 
+def prompts_line(digests: dict) -> str:
+    """`prompts: math 12 (sha256 ...), ...`: a report's record of which prompts it measured (`prompts_digest` per set)."""
+    return "prompts: " + ", ".join(f"{k} {v['n']} (sha256 {v['sha256']})" for k, v in digests.items())
+
+
 def read_prompts_jsonl(path: str | Path) -> list[dict]:
     """`{"id", "prompt"}` per line (blank lines skipped). `id` may be a string or an integer and
     defaults to `<file stem>/<line number>`; every problem is reported with file and line number."""

@@ -94,7 +94,8 @@ def run(args) -> dict:
     import torch
 
     from .curves import loss_history, plot_loss_curves
-    from .measure import head_overheads, measure
+    from ..data.eval_sets import prompts_digest
+    from .measure import eval_prompts, head_overheads, measure
     from .report import markdown
     from .spec import load_spec
     from .training import QUICK_TRAIN, resolve_runs, train_runs
@@ -114,7 +115,8 @@ def run(args) -> dict:
     t0 = time.time()
     before = {p.parent.name for p in runs_dir.glob("*/result.json")}
     trained = train_runs(resolved, runs_dir, quick)
-    results = measure(spec, trained, quick, progress=not args.no_progress, threads=args.threads)
+    sets = eval_prompts(spec, quick)
+    results = measure(spec, trained, sets, quick, progress=not args.no_progress, threads=args.threads)
     extras: dict = {}
     if "head_overhead" in spec.extras:
         extras["head_overhead"] = head_overheads(spec, trained)
@@ -133,7 +135,7 @@ def run(args) -> dict:
     from .measure import QUICK_EVAL
     meta = {"command": "python -m domino_lab.experiments run " + " ".join(sys.argv[2:] if args.argv is None
                                                                           else args.argv[1:]),
-            "machine": machine_line(),
+            "machine": machine_line(), "prompts": {name: prompts_digest(p) for name, p in sets.items()},
             "date": time.strftime("%Y-%m-%d %H:%M"), "wall_min": round((time.time() - t0) / 60, 1),
             "trained": sorted(after - before) or "none (all reused)", "quick": quick,
             "seeds": spec.seeds, "limit": QUICK_EVAL["limit"] if quick else spec.limit,

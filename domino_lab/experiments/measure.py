@@ -51,10 +51,18 @@ def _s_per_token(r: dict) -> float:
     return sum(p["wall_s"] for p in r["per_prompt"]) / max(1, sum(p["tokens"] for p in r["per_prompt"]))
 
 
-def measure(spec: ExperimentSpec, trained: dict, quick: bool, progress: bool = True,
-            threads: int | None = None) -> dict:
-    """results[set][str(T)][variant][str(seed)] = evaluate() result + speedup, tok_s, lossless."""
+def eval_prompts(spec: ExperimentSpec, quick: bool) -> dict:
+    """{set: its prompts}, as the experiment measures them (the first `limit`, fewer with --quick)."""
     from ..data.eval_sets import load_eval_set
+
+    limit = QUICK_EVAL["limit"] if quick else spec.limit
+    return {s: load_eval_set(s, limit=limit) for s in spec.sets}
+
+
+def measure(spec: ExperimentSpec, trained: dict, sets: dict, quick: bool, progress: bool = True,
+            threads: int | None = None) -> dict:
+    """results[set][str(T)][variant][str(seed)] = evaluate() result + speedup, tok_s, lossless, over `sets`
+    (`eval_prompts`)."""
     from ..evaluate import evaluate
     from ..target import Target, use_decode_threads
 
@@ -64,12 +72,10 @@ def measure(spec: ExperimentSpec, trained: dict, quick: bool, progress: bool = T
         raise UserError(f"an experiment compares drafters of one target; its runs use {sorted(targets)}")
     target = Target.from_pretrained(targets.pop() if targets else "default")
     use_decode_threads(target, threads)
-    limit = QUICK_EVAL["limit"] if quick else spec.limit
     max_new = QUICK_EVAL["max_new_tokens"] if quick else spec.max_new_tokens
     cache: dict = {}
     results: dict = {}
-    for s in spec.sets:
-        prompts = load_eval_set(s, limit=limit)
+    for s, prompts in sets.items():
         for temp in spec.temperatures:
             # greedy, or the gumbel sampler (the seed fixes the text): every variant must emit plain decoding's tokens
             checked = temp <= 0 or spec.sampler == "gumbel"

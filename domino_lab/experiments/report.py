@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import statistics
 
+from ..data.eval_sets import prompts_line
 from ..evaluate import paired
 from .spec import ExperimentSpec
 
@@ -101,8 +102,10 @@ def tables(spec: ExperimentSpec, results: dict, trained: dict, extras: dict) -> 
 
 
 def markdown(spec: ExperimentSpec, results: dict, trained: dict, extras: dict, meta: dict) -> str:
+    # (reports written before the digests were recorded have no prompts line)
+    digests = f" {prompts_line(meta['prompts'])}." if meta.get("prompts") else ""
     head = [f"# {spec.title}", "", f"`{meta['command']}` — {meta['machine']}, {meta['date']}, "
-            f"{meta['wall_min']} min (training reused or run: {meta['trained']}).", ""]
+            f"{meta['wall_min']} min (training reused or run: {meta['trained']}).{digests}", ""]
     if spec.question:
         head += [f"**Question.** {spec.question.strip()}", ""]
     sampled = f" (the {spec.sampler} sampler at T > 0)" if any(t > 0 for t in spec.temperatures) else ""
