@@ -124,8 +124,8 @@ def _train(cfg, resume: bool, extra_callbacks, logger, target) -> dict:
     from lightning.pytorch.callbacks import ModelCheckpoint, OnExceptionCheckpoint
 
     from .target import Target
-    from .training.devices import quiet_lightning_tips
-    from .training.callbacks import ExportBest
+    from .training.devices import quiet_lightning
+    from .training.callbacks import ExportBest, step_progress_bar
     from .training.config import drafter_config
     from .training.datamodule import DrafterDataModule
     from .training.module import DrafterModule
@@ -186,9 +186,11 @@ def _train(cfg, resume: bool, extra_callbacks, logger, target) -> dict:
     callbacks = [ModelCheckpoint(dirpath=ckpt_dir, every_n_train_steps=cfg.checkpoint_every_n_steps,
                                  save_last=True, save_top_k=0),
                  OnExceptionCheckpoint(ckpt_dir), best] + list(extra_callbacks or [])
+    if cfg.progress_bar:
+        callbacks += step_progress_bar()
     accel = cfg.accelerator
     precision = cfg.precision or ("bf16-mixed" if torch.cuda.is_available() and accel != "cpu" else "32-true")
-    quiet_lightning_tips()
+    quiet_lightning()
     trainer = pl.Trainer(max_steps=cfg.max_steps, accelerator=accel, devices=cfg.devices, num_nodes=cfg.num_nodes,
                          strategy=cfg.strategy, precision=precision, logger=logger, callbacks=callbacks,
                          val_check_interval=cfg.eval.every_n_steps, check_val_every_n_epoch=None,

@@ -132,16 +132,32 @@ def test_train_prints_its_result_once_under_data_parallelism(monkeypatch, capsys
 
 
 def test_lightning_tips_are_dropped_from_its_console_lines():
-    from domino_lab.training.devices import quiet_lightning_tips
+    from domino_lab.training.devices import quiet_lightning
 
-    quiet_lightning_tips()
-    quiet_lightning_tips()                   # once is enough: no second filter
+    quiet_lightning()
+    quiet_lightning()                        # once is enough: no second filter
     for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
         logger = logging.getLogger(name)     # where Lightning's rank-zero info lines are logged
         assert len([f for f in logger.filters if getattr(f, "_domino_lab", False)]) == 1
         record = lambda msg: logging.LogRecord(name, logging.INFO, __file__, 1, msg, (), None)  # noqa: E731
         assert not logger.filter(record("💡 Tip: For seamless cloud logging, try installing something"))
         assert logger.filter(record("GPU available: False, used: False"))
+
+
+def test_only_torchs_notice_inside_lightnings_pytree_helper_is_silenced():
+    import warnings
+
+    from domino_lab.training.devices import quiet_lightning
+
+    notice = "`isinstance(treespec, LeafSpec)` is deprecated, use `isinstance(treespec, TreeSpec)` instead."
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        quiet_lightning()
+        for module, text in (("lightning.pytorch.utilities._pytree", notice),      # silenced
+                             ("lightning.pytorch.utilities._pytree", "another deprecation"),
+                             ("domino_lab.training.module", notice)):
+            warnings.warn_explicit(text, DeprecationWarning, "x.py", 1, module=module)
+    assert [(str(w.message)) for w in seen] == ["another deprecation", notice]
 
 
 def test_bench_says_which_drafters_the_batched_table_leaves_out(tmp_path):

@@ -71,6 +71,8 @@ def test_quick_pretraining_end_to_end(quick_model):
     gen = model.generate(**ids, max_new_tokens=4, do_sample=False)
     assert gen.shape[1] == ids["input_ids"].shape[1] + 4 or gen[0, -1] == tok.eos_token_id
     assert not [p for p in out.parent.iterdir() if ".partial-" in p.name]  # export left no temp folder
+    runs = out.parent / f".{out.name}-runs"                    # (--quick's runs folder, beside --out)
+    assert runs.is_dir() and not list(runs.rglob("*.ckpt"))     # checkpoint_every_steps 0: no checkpoint
 
 
 def test_unknown_yaml_key_is_one_error_line(tmp_path, capsys):

@@ -540,3 +540,19 @@ def test_head_only_and_warm_start_errors(tiny, tmp_path):
         DrafterModule(cfg, drafter_config(cfg.drafter, target), target)
     with pytest.raises(UserError, match="not a readable drafter directory"):
         drafter_config(load_config(TrainConfig, None, [f"drafter.init_from={tmp_path / 'nothing'}"]).drafter, target)
+
+
+def test_the_progress_bar_of_step_limited_training_shows_no_epoch_limit():
+    """Training ends at max_steps, so Lightning holds max_epochs = -1, and its rich bar would read "Epoch 0/-2"."""
+    from types import SimpleNamespace
+
+    from lightning.pytorch.callbacks import RichProgressBar
+
+    from domino_lab.training.callbacks import StepProgressBar
+
+    assert "_get_train_description" in vars(RichProgressBar)     # the Lightning method the bar refines is still there
+    bar = StepProgressBar()
+    for max_epochs, shown in ((-1, "Epoch 0"), (5, "Epoch 0/4")):
+        bar._trainer = SimpleNamespace(max_epochs=max_epochs)
+        assert bar._get_train_description(0).rstrip() == shown
+

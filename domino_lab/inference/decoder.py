@@ -145,9 +145,9 @@ def make_trainer(accelerator: str = "auto", devices="auto", strategy: str = "aut
     typo costs nothing."""
     from lightning.fabric.utilities.exceptions import MisconfigurationException
 
-    from ..training.devices import quiet_lightning_tips
+    from ..training.devices import quiet_lightning
 
-    quiet_lightning_tips()
+    quiet_lightning()
     settings = dict(accelerator=accelerator, devices=devices, strategy=strategy, precision=precision or "32-true")
     try:
         return pl.Trainer(**settings, logger=False, enable_checkpointing=False,

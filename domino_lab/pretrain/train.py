@@ -160,17 +160,19 @@ def train(recipe: TargetRecipe, out_dir: Path, runs_dir: Path, cache_dir=None, q
     print(f"target: {n_params / 1e6:.2f}M parameters; streams {data.stream_tokens()}", file=sys.stderr)
 
     logger = CSVLogger(save_dir=str(runs_dir), name="pretrain_target")
-    callbacks = [ProgressLines()]
+    from ..training.callbacks import step_progress_bar
+
+    callbacks = [ProgressLines()] + (step_progress_bar() if sys.stderr.isatty() else [])
     if recipe.train.checkpoint_every_steps:
         callbacks.append(ModelCheckpoint(dirpath=Path(logger.log_dir) / "checkpoints", save_last=True,
                                          save_top_k=1, every_n_train_steps=recipe.train.checkpoint_every_steps))
-    from ..training.devices import quiet_lightning_tips
+    from ..training.devices import quiet_lightning
 
-    quiet_lightning_tips()
+    quiet_lightning()
     trainer = pl.Trainer(
         accelerator="cpu", devices=1, precision="32-true", max_steps=recipe.train.max_steps,
         gradient_clip_val=recipe.train.grad_clip, logger=logger, callbacks=callbacks,
-        enable_checkpointing=bool(callbacks), val_check_interval=recipe.train.val_every_steps,
+        enable_checkpointing=bool(recipe.train.checkpoint_every_steps), val_check_interval=recipe.train.val_every_steps,
         check_val_every_n_epoch=None, num_sanity_val_steps=0, log_every_n_steps=10,
         enable_progress_bar=sys.stderr.isatty(), enable_model_summary=False,
     )

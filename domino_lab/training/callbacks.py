@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.callbacks import Callback, RichProgressBar
 
 KEPT = ("val/tau", "val/draft_ms", "val/verify_ms")
 
@@ -32,3 +32,23 @@ class ExportBest(Callback):
 
     def load_state_dict(self, state):
         self.best = state.get("best", {})
+
+
+class StepProgressBar(RichProgressBar):
+    """Lightning's rich progress bar, for training that `max_steps` ends. With no epoch limit Lightning holds
+    max_epochs = -1 and its bar reads "Epoch 0/-2" (max_epochs - 1); this one reads "Epoch 0" there and is otherwise
+    Lightning's own."""
+
+    def _get_train_description(self, current_epoch: int) -> str:
+        if self.trainer.max_epochs is not None and self.trainer.max_epochs < 0:
+            # padded to the validation bar's label, as Lightning pads its own (the bars would flicker otherwise)
+            return f"{f'Epoch {current_epoch}':{len(self.validation_description)}}"
+        return super()._get_train_description(current_epoch)
+
+
+def step_progress_bar() -> list:
+    """[StepProgressBar()] where rich is installed (where Lightning would pick its rich bar), else [] (Lightning's
+    tqdm bar, which names the epoch without a limit already)."""
+    import importlib.util
+
+    return [StepProgressBar()] if importlib.util.find_spec("rich") is not None else []

@@ -120,13 +120,17 @@ def check_not_spawned(strategy, prefix: str = "--strategy ") -> None:
                         "back empty; use ddp (started by the launcher or torchrun) or auto")
 
 
-def quiet_lightning_tips() -> None:
-    """Drop Lightning's advertisements (an info line suggesting another package to install): on a command line they
-    stand between the command and its result or its one error line. Lightning's other info lines (which
-    accelerator it uses) stay. The filter sits on the loggers that Lightning's rank-zero messages come from, so it
-    holds whichever handler prints them."""
+def quiet_lightning() -> None:
+    """Drop what Lightning prints that a user cannot act on: its advertisements (an info line suggesting another
+    package to install), which on a command line stand between the command and its result or its one error line, and
+    the deprecation notice torch 2.13 raises inside Lightning's own pytree helper on every run. Lightning's other info
+    lines (which accelerator it uses) and every other warning stay. The filter sits on the loggers that Lightning's
+    rank-zero messages come from, so it holds whichever handler prints them."""
     import logging
+    import warnings
 
+    warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated",
+                            module=r"lightning\.pytorch\.utilities\._pytree")
     for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
         logger = logging.getLogger(name)
         if not any(getattr(f, "_domino_lab", False) for f in logger.filters):
