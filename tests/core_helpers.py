@@ -55,7 +55,7 @@ def brief_train(drafter: Drafter, seqs: torch.Tensor, steps: int = 60, lr: float
         opt.zero_grad()
         loss.backward()
         opt.step()
-        losses.append(float(loss))
+        losses.append(loss.detach().item())
     drafter.eval()
     return losses
 

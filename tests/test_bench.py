@@ -1,6 +1,7 @@
 """Speculative inference as a LightningModule and `python -m domino_lab.bench`, on tiny targets."""
 import json
 import platform
+from pathlib import Path
 
 import pytest
 
@@ -220,7 +221,7 @@ def test_predict_data_parallel_two_cpu_processes(dirs, tmp_path):
     assert {r["rank"] for r in rows} == {0, 1}
     assert {r["id"] for r in rows} == {"p0", "p1", "p2"}     # the sampler pads 3 prompts to 2 x 2
     target = Target.from_pretrained(tdir, dtype="float64")
-    texts = {json.loads(x)["id"]: json.loads(x)["prompt"] for x in open(prompts)}
+    texts = {json.loads(x)["id"]: json.loads(x)["prompt"] for x in Path(prompts).read_text().splitlines()}
     for r in rows:
         assert r["token_ids"] == speculative_generate(target, None, prompt=texts[r["id"]], max_new_tokens=12).token_ids
 

@@ -313,7 +313,8 @@ def test_two_workers_on_one_postgres_study(postgres, tiny_sweep, tmp_path):  # n
 
 def start_group(args, log: Path, **kw):
     """A server in its own process group (mlflow server leaves children behind a plain kill)."""
-    return subprocess.Popen(args, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True, **kw)
+    with log.open("w") as out:          # (the child keeps its own copy of the descriptor)
+        return subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, **kw)
 
 
 def stop_group(proc):
