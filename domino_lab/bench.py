@@ -679,7 +679,7 @@ def main(argv: list[str] | None = None) -> int:
                                  f"{len(sets[s]) - r['lossless']} prompt(s).**")
     text = (f"`{meta['command']}`\n\n{meta['machine']}; {meta['date']}; {meta['wall_s']} s; {smp.describe()}"
             + (f"; greedy LM head: {meta['lm_head']}" if smp.temperature == 0 else "")
-            + "; " + prompts_line(meta["prompts"])
+            + "; prompts: " + prompts_line(meta["prompts"])
             + f"\n\n{md}\n\n"
             + ("\n".join(notes) + "\n\n" if notes else agreement(smp) + "\n\n")
             + "".join(f"Skipped `{m}` (not named in --methods): {why}\n\n" for m, why in skipped.items())

@@ -64,7 +64,7 @@ def test_quick_run(work, name):
     md = out["md"]
     from domino_lab.data.eval_sets import load_eval_set, prompts_digest, prompts_line
     digests = {s: prompts_digest(load_eval_set(s, limit=2)) for s in spec.sets}     # what --quick measured
-    assert out["meta"]["prompts"] == digests and " P" + prompts_line(digests)[1:] + "." in md
+    assert out["meta"]["prompts"] == digests and f" Prompts: {prompts_line(digests)}." in md
     # `report` re-renders the same markdown from the JSON alone (how a reading is added after a run)
     assert main(["report", name, "--out-dir", str(work / "results")]) == 0
     assert (work / "results" / f"{name}.md").read_text() == md

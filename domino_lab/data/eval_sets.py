@@ -238,8 +238,8 @@ def prompts_digest(prompts: list[dict]) -> dict:
 
 
 def prompts_line(digests: dict) -> str:
-    """`prompts: math 12 (sha256 ...), ...`: a report's record of which prompts it measured (`prompts_digest` per set)."""
-    return "prompts: " + ", ".join(f"{k} {v['n']} (sha256 {v['sha256']})" for k, v in digests.items())
+    """`math 12 (sha256 ...), ...`: a report's record of which prompts it measured (`prompts_digest` per set)."""
+    return ", ".join(f"{k} {v['n']} (sha256 {v['sha256']})" for k, v in digests.items())
 
 
 def read_prompts_jsonl(path: str | Path) -> list[dict]:

@@ -103,8 +103,7 @@ def tables(spec: ExperimentSpec, results: dict, trained: dict, extras: dict) -> 
 
 def markdown(spec: ExperimentSpec, results: dict, trained: dict, extras: dict, meta: dict) -> str:
     # (reports written before the digests were recorded have no prompts line)
-    line = prompts_line(meta["prompts"]) if meta.get("prompts") else ""
-    digests = f" {line[:1].upper()}{line[1:]}." if line else ""
+    digests = f" Prompts: {prompts_line(meta['prompts'])}." if meta.get("prompts") else ""
     head = [f"# {spec.title}", "", f"`{meta['command']}` — {meta['machine']}, {meta['date']}, "
             f"{meta['wall_min']} min (training reused or run: {meta['trained']}).{digests}", ""]
     if spec.question:
