@@ -3,7 +3,7 @@ decoding, and throughput — one table at the end; exit code 1 if a check failed
 
     python experiments/gpu_check.py                                   # embedded default target, cuda if present
     python experiments/gpu_check.py --device cpu --quick               # the CPU fallback (about 2 min on 2 cores)
-    python experiments/gpu_check.py --target Qwen/Qwen3-8B --drafter runs/train/qwen3-8b/best --prompts 16
+    python experiments/gpu_check.py --target Qwen/Qwen3-8B --drafter runs/train/qwen3-8b-domino/best --prompts 16
 
 1. bf16 training: `domino_lab.train.train()` (the real Lightning path) for --steps steps with precision
    bf16-mixed on the device, on data the target regenerates first (math prompts, in a temp folder); checks that

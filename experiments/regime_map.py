@@ -1,7 +1,7 @@
 """Where speculative decoding pays on this CPU: for Qwen3-shaped targets from the embedded 6.8M model up to the
 shape of Qwen3-0.6B, the measured cost of a plain decoding step, of verifying a block of 8 / 16 drafts, and of a
 matching Domino drafter's draft step, and the speedup bound τ · t_step / (t_draft + t_verify) at τ = 2…6 and at
-the shipped Domino drafter's measured τ on every bench set (read from experiments/results/bench.json); and the
+the shipped Domino drafter's measured τ on every bench set (read from experiments/results/bench/bench.json); and the
 same for tree verification: drafting and verifying a tree of N nodes (default 32) against a chain of 8, and what
 the tree's measured τ gain on the embedded default (experiments/results/tree_n32/tree.json) would be worth in
 tokens per second on each shape.

@@ -1,6 +1,6 @@
 """Aggregate `compare_drafters.py` results over seeds: per-seed τ ratios and pooled per-prompt paired differences.
 
-    python experiments/seed_summary.py --runs experiments/results/drafters_s0.json experiments/results/drafters_s1.json \
+    python experiments/seed_summary.py --runs experiments/results/drafters_seed0.json experiments/results/drafters_seed1.json \
         --pair domino dflash --pair domino domino_no_curriculum --out experiments/results/drafters_seeds.md
 
 At laptop scale the seed-to-seed spread is as large as the effect (docs/design.md#laptop-scale-evidence): a claim

@@ -18,7 +18,7 @@ OBJECTIVES = (["tau"], ["tau", "draft_ms"], ["tau", "draft_cost"])
 
 @dataclass
 class ConfirmOptions:
-    """The confirmation stage after the search (runner.py#confirm): the best trial(s) and the baseline trained
+    """The confirmation stage after the search (confirm.py, run_confirmation): the best trial(s) and the baseline trained
     again with more seeds, compared prompt by prompt on held-out prompts the search never scored."""
     seeds: int = 0          # extra training seeds per confirmed configuration (0: no confirmation stage)
     top: int = 1            # how many of the best trials to confirm against the baseline

@@ -16,7 +16,7 @@ def confirmable(study) -> bool:
 
 def drafter_costs(target, drafter) -> dict:
     """Draft, verify and plain step ms of a trial's drafter (a Drafter or its directory) on `target`, measured
-    decode-like on the side (experiments/timing.py, step_costs)."""
+    decode-like on the side (domino_lab/experiments/timing.py, step_costs)."""
     from ..experiments.timing import step_costs
     from ..models import Drafter
 
