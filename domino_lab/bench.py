@@ -201,6 +201,8 @@ def batched_left_out(b: Bench) -> dict[str, str]:
             why[m] = f"{b.drafters[m].config.method} drafters decode one sequence at a time"
         elif b.drafters[m].options.draft_cutoff:
             why[m] = "the draft cutoff is an option of one-sequence decoding"
+        elif b.drafters[m].options.block_size is not None:
+            why[m] = "a block size is an option of one-sequence decoding"
     return why
 
 

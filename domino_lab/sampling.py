@@ -4,7 +4,6 @@ tree's fixed candidates), the commit rule and the ranking of a draft tree's chil
 from __future__ import annotations
 
 import hashlib
-import math
 import numbers
 
 import numpy as np
@@ -14,14 +13,23 @@ from .cli_flags import SAMPLERS
 from .errors import UserError
 
 
+# A positive temperature outside these bounds breaks the arithmetic, not the method: logits / T overflows float64 to
+# inf below ~1e-307 (softmax then gives NaN), and the gumbel sampler's T-scaled float32 noise overflows above ~1e37.
+# Well inside both, T = 1e-6 is greedy decoding in all but name and T = 1e6 uniform sampling.
+TEMPERATURE_RANGE = (1e-6, 1e6)
+
+
 def check_sampling(temperature: float, top_p: float = 1.0, sampler: str = "rejection", tree_sampled: bool = False
                    ) -> None:
-    """One clear error for settings no decoder can sample with: T < 0, top-p outside (0, 1], an unknown sampler, or a
-    sampled tree (its children drawn for rejection sampling) under the gumbel sampler, whose tree is built from the
-    noisy scores instead."""
+    """One clear error for settings no decoder can sample with: T < 0 or a positive T outside TEMPERATURE_RANGE,
+    top-p outside (0, 1], an unknown sampler, or a sampled tree (its children drawn for rejection sampling) under the
+    gumbel sampler, whose tree is built from the noisy scores instead."""
     real = all(isinstance(v, numbers.Real) and not isinstance(v, bool) for v in (temperature, top_p))
-    if not real or not 0 <= temperature < math.inf or not 0 < top_p <= 1:   # (written so that NaN fails too)
-        raise UserError("temperature must be a finite number >= 0 and top_p in (0, 1]")
+    low, high = TEMPERATURE_RANGE
+    t_ok = real and (temperature == 0 or low <= temperature <= high)     # (written so that NaN fails too)
+    if not t_ok or not 0 < top_p <= 1:
+        raise UserError(f"temperature must be a finite number >= 0 (0 = greedy, else from {low:g} to {high:g}) and "
+                        "top_p in (0, 1]")
     if sampler not in SAMPLERS:
         raise UserError(f"unknown sampler {sampler!r}; use one of {list(SAMPLERS)}")
     if sampler == "gumbel" and temperature > 0 and tree_sampled:

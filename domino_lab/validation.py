@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import secrets
 
 from .errors import UserError
 
@@ -20,6 +21,12 @@ def _is_int(value) -> bool:
 
 def _is_number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def fresh_seed() -> int:
+    """A seed for a call that was given none, drawn from the OS: `torch.seed()` would also reseed torch's global
+    stream, so a caller's `torch.manual_seed` would no longer fix what it draws after the call."""
+    return secrets.randbits(63)
 
 
 def check_seed(seed, name: str = "seed", high: int = SEED_MAX) -> int:
@@ -53,11 +60,16 @@ def check_number(value, name: str, low: float | None = None, high: float | None 
     return float(value)
 
 
-def check_drafter(drafter) -> None:
-    """A decoder's drafter is a loaded drafter or None (plain decoding), not a name or a path."""
+def check_drafter(drafter, target=None) -> None:
+    """A decoder's drafter is a loaded drafter or None (plain decoding), not a name or a path; given the target being
+    decoded, the drafter is bound to that very target (it reads its embeddings and LM head, and a drafter loaded for
+    another Target object, say in another dtype, would fail deep inside a matmul)."""
     if drafter is not None and not (hasattr(drafter, "config") and hasattr(drafter, "options")):
         raise UserError(f"drafter must be a loaded drafter (domino_lab.models.load_drafter(name_or_dir, target)) or None, "
                         f"got {type(drafter).__name__} {drafter!r:.60}")
+    if drafter is not None and target is not None and getattr(drafter, "_target", None) is not target:
+        raise UserError("the drafter is bound to another Target object than the one being decoded; load it for this "
+                        "target (domino_lab.models.load_drafter(name_or_dir, target)) or call drafter.bind(target)")
 
 
 def check_token_ids(ids, vocab_size: int, what: str = "the prompt") -> list[int]:

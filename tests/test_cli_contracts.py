@@ -166,12 +166,13 @@ def test_bench_says_which_drafters_the_batched_table_leaves_out(tmp_path):
     out = tmp_path / "b"
     main(["--sets", "math", "--limit", "1", "--max-new-tokens", "4", "--warmup", "0", "--methods", "ar",
           "--drafter", "e=default-eagle", "--drafter", "dc=default@draft_cutoff=0.1", "--drafter", "d=default",
-          "--batch-sizes", "2", "--out", str(out)])
+          "--drafter", "b2=default@block_size=2", "--batch-sizes", "2", "--out", str(out)])
     meta = json.loads((out / "bench.json").read_text())["meta"]
-    assert set(meta["batched_left_out"]) == {"e", "dc"}
+    assert set(meta["batched_left_out"]) == {"e", "dc", "b2"}
     assert "one sequence at a time" in meta["batched_left_out"]["e"]
+    assert "block size" in meta["batched_left_out"]["b2"]
     md = (out / "bench.md").read_text()
-    assert "Not in the batched table: `e`" in md and "Not in the batched table: `dc`" in md
+    assert all(f"Not in the batched table: `{m}`" in md for m in ("e", "dc", "b2"))
     assert "Not in the batched table: `d`" not in md
 
 

@@ -169,6 +169,22 @@ def test_batched_fixed_draft_count(target, plain, trained, count):
         batched_generate(target, None, prompts[:2], 4, drafts=1)
 
 
+def test_batched_decoding_refuses_a_block_size_rather_than_ignoring_it(target, trained):
+    """Batched decoding chooses each step's draft count itself (the batch-drafts policy or a fixed count); a drafter
+    whose options cap the block would otherwise verify whole blocks under its label."""
+    from domino_lab.decoding.batched import batched_generate
+    from domino_lab.errors import UserError
+    from domino_lab.models.options import InferenceOptions
+
+    d = trained["domino", True]
+    try:
+        d.set_options(InferenceOptions(block_size=2))
+        with pytest.raises(UserError, match="a block size is an option of one-sequence decoding"):
+            batched_generate(target, d, PROMPTS[:2], 4)
+    finally:
+        d.set_options(InferenceOptions())
+
+
 def test_prefill_scores_only_the_last_position(target):
     """A prefill asks for the last position's logits only (the model's logits_to_keep); they are the full
     forward's last row, and the tapped features still cover every position."""
@@ -197,9 +213,54 @@ def test_prompt_ids_and_temperature_outside_their_range_are_one_error(target):
     ref = speculative_generate(target, None, prompt_ids=[5, 6], max_new_tokens=4).token_ids
     assert speculative_generate(target, None, prompt_ids=torch.tensor([5, 6]), max_new_tokens=4).token_ids == ref
     assert speculative_generate(target, None, prompt_ids=[5.0, 6], max_new_tokens=4).token_ids == ref
-    for temp in (float("nan"), float("inf"), -0.5):
+    # below ~1e-307 logits / T overflow to inf (NaN probabilities), above ~1e37 the gumbel noise does (low ids win)
+    for temp in (float("nan"), float("inf"), -0.5, 1e-310, 1e-7, 2e6, 1e300):
         with pytest.raises(UserError, match="temperature must be a finite number >= 0"):
             speculative_generate(target, None, prompt_ids=[5, 6], max_new_tokens=2, temperature=temp)
+        with pytest.raises(UserError, match="temperature must be a finite number >= 0"):
+            batched_generate(target, None, [[5, 6]], max_new_tokens=2, temperature=temp, sampler="gumbel")
+    # the ends of the range decode: T = 1e-6 is greedy decoding in all but name, T = 1e6 draws near-uniform tokens
+    assert speculative_generate(target, None, prompt_ids=[5, 6], max_new_tokens=4, temperature=1e-6,
+                                seed=0).token_ids == ref
+    for sampler in ("rejection", "gumbel"):
+        drawn = {speculative_generate(target, None, prompt_ids=[5, 6], max_new_tokens=1, temperature=1e6, seed=s,
+                                      sampler=sampler).token_ids[0] for s in range(40)}
+        assert len(drawn) > 20, (sampler, drawn)       # of 64 ids, ~30 distinct in 40 uniform draws
+
+
+def test_a_call_without_a_seed_leaves_torchs_global_stream_alone(target, trained):
+    """seed=None draws a fresh seed without reseeding torch's global generator, so a caller's torch.manual_seed still
+    fixes what it draws afterwards; batched decoding takes seed=None too (each row seed + r of a fresh seed)."""
+    from domino_lab.decoding.batched import batched_generate
+    from domino_lab.errors import UserError
+
+    torch.manual_seed(0)
+    want = torch.rand(3)
+    for decode in (lambda: speculative_generate(target, trained["domino", True], prompt_ids=[5, 6], max_new_tokens=4,
+                                                temperature=1.0),
+                   lambda: batched_generate(target, trained["domino", True], [[5, 6], [7]], max_new_tokens=4,
+                                            temperature=1.0, sampler="gumbel", seed=None)):
+        torch.manual_seed(0)
+        decode()
+        assert torch.equal(torch.rand(3), want)
+    with pytest.raises(UserError, match="seed must be a whole number"):
+        batched_generate(target, None, [[5, 6]], max_new_tokens=2, seed="1")
+
+
+def test_a_drafter_bound_to_another_target_object_is_one_error(target, trained):
+    """A drafter reads the embeddings and LM head of the target it was loaded for: decoding another Target object
+    with it (say the same model in another dtype) is one error up front, not a dtype mismatch inside a matmul."""
+    from core_helpers import tiny_target
+    from domino_lab.decoding.batched import batched_generate
+    from domino_lab.errors import UserError
+
+    other = tiny_target()
+    d = trained["domino", True]
+    for decode in (lambda: speculative_generate(other, d, prompt_ids=[5, 6], max_new_tokens=2),
+                   lambda: speculative_generate(other, d, prompt_ids=[5, 6], max_new_tokens=2, tree_nodes=4),
+                   lambda: batched_generate(other, d, [[5, 6]], max_new_tokens=2)):
+        with pytest.raises(UserError, match="bound to another Target object"):
+            decode()
 
 
 # ---- batched decoding of a queue: finished rows hand their slots to waiting prompts ----------------------------

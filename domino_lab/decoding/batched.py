@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 from .. import sampling
 from ..errors import UserError
-from ..validation import check_drafter, check_int, check_seed, check_token_ids
+from ..validation import check_drafter, check_int, check_seed, check_token_ids, fresh_seed
 from ..models.options import BATCH_DRAFTS
 from .adaptive import DraftCount
 from .kv_cache import (attends, check_layers, check_recording, cut_back_rows, drop_outside_windows, layer_masks,
@@ -64,6 +64,10 @@ def check_batched_mode(drafter, temperature: float, top_p: float = 1.0, sampler:
     if drafter is not None and not drafter.supports_batched:
         raise UserError(f"batched decoding does not support the '{drafter.config.method}' drafter (its caches "
                         "cannot hold ragged rows); decode it one sequence at a time (speculative_generate)")
+    if drafter is not None and drafter.options.block_size is not None:
+        raise UserError("batched decoding drafts the drafter's whole block and chooses each step's draft count with "
+                        "its batch-drafts policy; a block size is an option of one-sequence decoding: clear it "
+                        "(block_size None) or decode one sequence at a time")
     target = target if target is not None else drafter.target if drafter is not None else None
     if target is not None:
         check_layers(target.model.config, "batched decoding", rows=True)
@@ -91,13 +95,13 @@ def compact(feats: torch.Tensor, valid: torch.Tensor, pos: torch.Tensor) -> tupl
 
 @torch.no_grad()
 def batched_generate(target, drafter, prompts_ids: list[list[int]], max_new_tokens: int = 128,
-                     drafts: str | int | None = None, temperature: float = 0.0, top_p: float = 1.0, seed: int = 0,
+                     drafts: str | int | None = None, temperature: float = 0.0, top_p: float = 1.0, seed: int | None = 0,
                      sampler: str = "rejection", row_seeds: list[int] | None = None,
                      slots: int | None = None) -> BatchResult:
     """Greedy decoding of every prompt, batched; each row's output equals its own greedy decoding.
 
     T > 0 samples with `sampler="gumbel"` only (rejection sampling is not batched): row r then emits exactly what
-    `speculative_generate` emits for its prompt with seed `seed + r` (or `row_seeds[r]` when given) and the gumbel
+    `speculative_generate` emits for its prompt with seed `seed + r` (or `row_seeds[r]` when given; seed None: a fresh one) and the gumbel
     sampler, with or without a drafter.
 
     drafts: how many drafts each step verifies, "all" (the drafter's whole block), "adaptive" (the count that
@@ -109,7 +113,7 @@ def batched_generate(target, drafter, prompts_ids: list[list[int]], max_new_toke
     slots: at most this many rows decode at once, and a row that finishes hands its slot to the next waiting prompt
     (continuous batching: a batch's speed then follows its rows' mean acceptance rather than its slowest row's);
     None = every prompt at once. Each prompt's output does not depend on it."""
-    check_drafter(drafter)
+    check_drafter(drafter, target)
     if hasattr(prompts_ids, "tolist"):             # a 2D tensor or array: one row per prompt
         prompts_ids = prompts_ids.tolist()
     elif not isinstance(prompts_ids, (str, bytes)) and hasattr(prompts_ids, "__iter__"):
@@ -135,6 +139,7 @@ def batched_generate(target, drafter, prompts_ids: list[list[int]], max_new_toke
         raise UserError(f"unknown batch drafts policy {drafts!r}; use one of {list(BATCH_DRAFTS)} or a draft count")
     check_batched_mode(drafter, temperature, top_p, sampler, target)
     if row_seeds is None:
+        seed = check_seed(seed if seed is not None else fresh_seed())
         row_seeds = [seed + r for r in range(len(prompts_ids))]
     if len(row_seeds) != len(prompts_ids):
         raise UserError(f"row_seeds has {len(row_seeds)} seeds for {len(prompts_ids)} prompts; give one per prompt")

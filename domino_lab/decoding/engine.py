@@ -13,7 +13,7 @@ from typing import Callable
 import torch
 
 from ..errors import UserError
-from ..validation import check_drafter, check_int, check_seed, check_token_ids
+from ..validation import check_drafter, check_int, check_seed, check_token_ids, fresh_seed
 from .records import GenerationResult, StepRecord
 from . import tree as trees
 from .adaptive import PlainFallback
@@ -83,7 +83,7 @@ def speculative_generate(target, drafter=None, prompt: str | None = None, prompt
     "gumbel", Gumbel-max coupling (sampling.GumbelNoise: the text is a function of the seed alone, the same for
     plain decoding and every drafter, chain or tree; docs/design.md#gumbel-coupled-sampling)."""
     max_new_tokens = check_int(max_new_tokens, "max_new_tokens", 1)
-    check_drafter(drafter)
+    check_drafter(drafter, target)
     sampling.check_sampling(temperature, top_p, sampler, drafter is not None and drafter.options.tree_sampled)
     if seed is not None:
         seed = check_seed(seed)
@@ -104,7 +104,7 @@ def speculative_generate(target, drafter=None, prompt: str | None = None, prompt
     max_new_tokens = min(max_new_tokens, target.max_length - len(ids))
     dev = target.device
     gen = torch.Generator(device=dev)
-    seed = seed if seed is not None else torch.seed() % (1 << 63)
+    seed = seed if seed is not None else fresh_seed()
     gen.manual_seed(seed)
     greedy = temperature <= 0
     # Gumbel-coupled sampling verifies like greedy decoding: the target's token at each position is its Gumbel-max
