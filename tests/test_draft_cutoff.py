@@ -72,6 +72,9 @@ def test_step_records_without_top_k_verify_the_same_drafts(embedded):
         full = speculative_generate(t, cut, prompt=p, max_new_tokens=40, topk=5)
         assert [s.draft_tokens for s in lean.steps] == [s.draft_tokens for s in full.steps]
         assert all(len(s.target_topk_ids) == len(s.draft_tokens) + 1 for s in full.steps)
+        # one drafter top-k per verified draft, as for the target's rows: the cut-off drafts leave none behind
+        assert all(len(s.base_topk_ids) == len(s.final_topk_ids) == len(s.draft_tokens) for s in full.steps)
+        assert any(len(s.draft_tokens) < cut.config.num_drafts for s in full.steps)
         assert not any(s.target_topk_ids or s.base_topk_ids for s in lean.steps)
     with pytest.raises(UserError, match="topk must be a whole number >= 0"):
         speculative_generate(t, cut, prompt=prompts[0], max_new_tokens=4, topk=-1)

@@ -235,11 +235,12 @@ def speculative_generate(target, drafter=None, prompt: str | None = None, prompt
                 scored = logits if noise is None else logits.float() + verified_noise
                 rec.target_topk_ids, rec.target_topk_logits = _topk(scored, topk)
                 rec.gumbel_scores = noise is not None
-                if draft is not None:
-                    rec.base_topk_ids = draft.base_topk[0][0].tolist()
-                    rec.base_topk_logits = draft.base_topk[1][0].float().tolist()
-                    rec.final_topk_ids = draft.final_topk[0][0].tolist()
-                    rec.final_topk_logits = draft.final_topk[1][0].float().tolist()
+                if draft is not None:       # one per verified draft (the cutoff may have verified fewer)
+                    k = len(draft_list)
+                    rec.base_topk_ids = draft.base_topk[0][0, :k].tolist()
+                    rec.base_topk_logits = draft.base_topk[1][0, :k].float().tolist()
+                    rec.final_topk_ids = draft.final_topk[0][0, :k].tolist()
+                    rec.final_topk_logits = draft.final_topk[1][0, :k].float().tolist()
         # chain or tree alike: the anchor's and the accepted drafts' features are the drafter's next new context
         calls += 1
         if taps is not None:
