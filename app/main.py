@@ -14,7 +14,7 @@ if __package__ in (None, ""):          # `python app/main.py`: make the reposito
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from domino_lab.errors import CliParser, UserError, run_cli  # noqa: E402
-from domino_lab.validation import check_int  # noqa: E402
+from domino_lab.validation import check_int, check_threads  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -43,7 +43,10 @@ def validate_args(args: argparse.Namespace) -> dict:
     check_int(args.port, "--port", 1, 65535)
     check_int(args.concurrency, "--concurrency", 1, what=" (decodes running at once)")
     check_int(args.max_queue, "--max-queue", 1, what=" (requests waiting at most)")
-    check_int(args.threads, "--threads", 1, what=" (torch intra-op threads)")
+    check_threads(args.threads)
+    if args.runs_dir is not None and Path(args.runs_dir).expanduser().exists() \
+            and not Path(args.runs_dir).expanduser().is_dir():
+        raise UserError(f"--runs-dir {args.runs_dir} is a file, not a folder; pass the folder that holds the runs")
     from domino_lab.training.tracking import check_tracking_uri
 
     check_tracking_uri(args.tracking_uri)       # the check train and sweep use

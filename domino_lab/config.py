@@ -164,7 +164,11 @@ def apply_override(data: dict, assignment: str) -> None:
         node = node.setdefault(p, {})
         if not isinstance(node, dict):
             raise UserError(f"override '{assignment}': '{p}' is not a section")
-    node[parts[-1]] = yaml.safe_load(raw)
+    try:
+        node[parts[-1]] = yaml.safe_load(raw)
+    except yaml.YAMLError as e:
+        raise UserError(f"override '{assignment}': the value is not valid YAML ({str(e).splitlines()[0]}); quote "
+                        "text, and close brackets: key=[1, 2]") from None
 
 
 def read_yaml(path: str | Path) -> dict:
@@ -178,6 +182,9 @@ def read_yaml(path: str | Path) -> dict:
         raise UserError(f"cannot read config {path}: {e.strerror}") from None
     except yaml.YAMLError as e:
         raise UserError(f"config {path} is not valid YAML: {str(e).splitlines()[0]}") from None
+    except UnicodeDecodeError as e:
+        raise UserError(f"config {path} is not UTF-8 text (byte {e.object[e.start]:#04x} at offset {e.start}); "
+                        "save it as UTF-8") from None
     if not isinstance(data, dict):
         raise UserError(f"config {path} must be a mapping of keys to values")
     return data

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 
 from .errors import CliParser, UserError, run_cli
-from .validation import TRAIN_SEED_MAX, check_device, check_number, check_seed
+from .validation import TRAIN_SEED_MAX, check_device, check_number, check_seed, check_threads
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -53,8 +53,8 @@ def main(argv: list[str] | None = None) -> int:
     check_number(args.temperature, "--temperature", low=0)
     if args.max_length is not None and args.max_length <= args.max_new_tokens:
         raise UserError(f"--max-length ({args.max_length}) must exceed --max-new-tokens ({args.max_new_tokens})")
-    if args.threads is not None and args.threads < 1:
-        raise UserError(f"--threads must be at least 1, got {args.threads}")
+    if args.threads is not None:
+        check_threads(args.threads)
 
     check_seed(args.seed, "--seed", TRAIN_SEED_MAX)     # per-batch seeds are derived from it (64-bit room)
     check_device(args.device)

@@ -17,7 +17,7 @@ from torch import nn
 
 from .errors import UserError
 from .head_screen import ArgmaxScreen
-from .validation import check_device
+from .validation import check_device, check_threads
 
 ASSETS = Path(__file__).resolve().parent / "assets"
 # Names of things the project ships; `default` is the embedded target (docs/design.md#embedded-default).
@@ -62,9 +62,7 @@ def decode_threads(target: "Target", requested: int | None = None, rows: int = 1
     forwards faster here (measured once per target and row count, `measure_threads`); else torch's default (all
     cores)."""
     if requested is not None:
-        if requested < 1:
-            raise UserError(f"--threads must be at least 1, got {requested}")
-        return requested
+        return check_threads(requested)
     small = sum(p.numel() for p in target.model.parameters()) < SMALL_TARGET_PARAMS
     if not small or target.device.type != "cpu":
         return _DEFAULT_THREADS

@@ -35,6 +35,16 @@ def check_seed(seed, name: str = "seed", high: int = SEED_MAX) -> int:
     return int(seed)          # (torch generators take a Python int, not a numpy integer)
 
 
+# torch.set_num_threads takes a C int, and a count beyond it fails with an overflow deep in torch; no machine this
+# project meets has more cores than this
+MAX_THREADS = 4096
+
+
+def check_threads(n, name: str = "--threads") -> int:
+    """A torch thread count as given by a user: a whole number from 1 to MAX_THREADS."""
+    return check_int(n, name, 1, MAX_THREADS, what=" (torch threads)")
+
+
 def check_int(value, name: str, low: int | None = None, high: int | None = None, what: str = "") -> int:
     """`value` is a whole number in [low, high] (either bound None: open); `what` adds what the value means."""
     ok = _is_int(value) and (low is None or value >= low) and (high is None or value <= high)

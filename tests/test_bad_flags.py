@@ -70,8 +70,9 @@ def test_gpu_devices_are_checked_against_the_gpus_there(monkeypatch):
 
 # ---------------------------------------------------------------------------------------------- sweep
 @pytest.mark.parametrize("flags, match", [
-    (["--threads", "-1"], "--threads must be a whole number >= 1"),
-    (["--threads", "0"], "--threads must be a whole number >= 1"),
+    (["--threads", "-1"], "--threads must be a whole number between 1 and 4096"),
+    (["--threads", "0"], "--threads must be a whole number between 1 and 4096"),
+    (["--threads", "99999999999999999999999"], "--threads must be a whole number between 1 and 4096"),
     (["--timeout", "-5"], r"timeout_min \(--timeout\) must be a number of minutes > 0.*leave it out for no limit"),
     (["--timeout", "0"], r"timeout_min \(--timeout\) must be a number of minutes > 0"),
     (["timeout_min=0"], r"timeout_min \(--timeout\) must be a number of minutes > 0"),
@@ -89,8 +90,9 @@ def test_sweep_rejects_bad_threads_and_timeout(tmp_path, flags, match):
 @pytest.mark.parametrize("flags, match", [
     (["max_steps=abc", "--quick"], "max_steps: expected int, got 'abc'"),
     (["data.batch_size=-4", "--quick"], "data.batch_size must be a whole number >= 1"),
-    (["--quick", "--threads", "-1"], "--threads must be a whole number >= 1"),
-    (["--quick", "--threads", "0"], "--threads must be a whole number >= 1"),
+    (["--quick", "--threads", "-1"], "--threads must be a whole number between 1 and 4096"),
+    (["--quick", "--threads", "0"], "--threads must be a whole number between 1 and 4096"),
+    (["--quick", "--threads", "99999999999999999999999"], "--threads must be a whole number between 1 and 4096"),
     (["--quick", "data.path=/nonexistent/data"], "--quick with data.path: /nonexistent/data does not exist"),
     (["target=/nonexistent/model"], "target '/nonexistent/model' is not a model directory"),
 ])
@@ -169,6 +171,8 @@ def test_app_port_in_use_is_one_error():
     (["--max-queue", "-1"], "--max-queue must be a whole number >= 1"),
     (["--max-queue", "0"], "--max-queue must be a whole number >= 1"),
     (["--concurrency", "0"], "--concurrency must be a whole number >= 1"),
+    (["--threads", "99999999999999999999999"], "--threads must be a whole number between 1 and 4096"),
+    (["--runs-dir", __file__], "--runs-dir .* is a file, not a folder"),
 ])
 def test_app_rejects_bad_launch_arguments(flags, match):
     with pytest.raises(UserError, match=match):

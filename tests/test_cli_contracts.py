@@ -212,6 +212,25 @@ def test_train_refuses_an_out_dir_that_is_a_file_before_loading_anything(tmp_pat
     assert not (tmp_path / "ml.db").exists()
 
 
+@pytest.mark.parametrize("module", ["domino_lab.train", "domino_lab.sweep.__main__", "domino_lab.experiments.__main__"])
+def test_a_config_that_is_not_utf8_or_an_override_that_is_not_yaml_is_one_error(tmp_path, module, monkeypatch):
+    """Both used to end in a traceback (UnicodeDecodeError, yaml's ScannerError) from every CLI that reads configs."""
+    import importlib
+
+    monkeypatch.setattr("domino_lab.target.Target.from_pretrained", lambda *a, **k: pytest.fail("loaded a target"))
+    main = importlib.import_module(module).main
+    lead = ["run", "block_size"] if "experiments" in module else []
+    runs = [] if module == "domino_lab.train" else ["--runs-dir", str(tmp_path / "runs")]
+    runs += ["--out-dir", str(tmp_path / "out")] if lead else []
+    bad = tmp_path / "bad.yaml"
+    bad.write_bytes(b"max_steps: 3  # caf\xe9\n")
+    with pytest.raises(UserError, match=r"bad.yaml is not UTF-8 text \(byte 0xe9 at offset 19\); save it as UTF-8"):
+        main([*(["run", str(bad)] if lead else ["--config", str(bad)]), *runs])
+    with pytest.raises(UserError, match=r"override 'max_steps=\[1,': the value is not valid YAML"):
+        main([*lead, *runs, "max_steps=[1,"])
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "out").exists()
+
+
 def test_a_block_that_cannot_fit_the_context_is_refused():
     from core_helpers import tiny_target
     from domino_lab import Drafter

@@ -86,8 +86,9 @@ def test_decode_threads_small_target_is_measured(target, monkeypatch):
 
     assert sum(p.numel() for p in target.model.parameters()) < tg.SMALL_TARGET_PARAMS
     assert tg.decode_threads(target, 3) == 3
-    with pytest.raises(UserError, match="--threads"):
-        tg.decode_threads(target, 0)
+    for bad in (0, 1 << 70):         # (torch.set_num_threads would overflow on the second)
+        with pytest.raises(UserError, match="--threads must be a whole number between 1 and"):
+            tg.decode_threads(target, bad)
     monkeypatch.setattr(tg, "_DEFAULT_THREADS", 2)
     calls = []
 

@@ -155,6 +155,20 @@ def test_jsonl_file_loads_with_default_and_integer_ids(tmp_path):
     assert load_eval_set(f, limit=1) == [{"id": "a", "prompt": "def f():"}]
 
 
+def test_jsonl_reads_what_json_writes_unescaped_a_bom_and_crlf(tmp_path):
+    """Lines end at a newline only: U+2028, U+0085 and U+001E, which json.dumps(ensure_ascii=False) leaves in a
+    string as they are, are text (str.splitlines() would cut the line there); an editor's byte-order mark and
+    Windows line ends are not part of the JSON."""
+    import json
+
+    rows = [{"id": "a", "prompt": "one\u2028two\u0085three\u001efour"}, {"id": "b", "prompt": "x"}]
+    f = tmp_path / "mine.jsonl"
+    f.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+    assert load_eval_set(f) == rows
+    f.write_bytes(b"\xef\xbb\xbf" + "".join(json.dumps(r) + "\r\n" for r in rows).encode())
+    assert load_eval_set(f) == rows
+
+
 @pytest.mark.parametrize("lines,msg", [
     (['{"id": "a", "prompt": "ok"}', '{"id": "b", "prompt": '], r"bad\.jsonl:2: not valid JSON"),
     (['["a", "b"]'], r"bad\.jsonl:1: expected a JSON object"),

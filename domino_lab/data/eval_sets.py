@@ -247,7 +247,10 @@ def read_prompts_jsonl(path: str | Path) -> list[dict]:
     defaults to `<file stem>/<line number>`; every problem is reported with file and line number."""
     path = Path(path)
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        # lines end at "\n" only: str.splitlines() also breaks at U+2028, U+0085 and other characters that JSON
+        # leaves unescaped inside a string (json.dumps(ensure_ascii=False) writes them as they are); a byte-order
+        # mark, which some editors write first, is not part of the first line's JSON
+        lines = path.read_text(encoding="utf-8-sig").split("\n")
     except (OSError, UnicodeDecodeError) as e:
         raise UserError(f"cannot read prompts file {path}: {e}") from None
     out, seen = [], {}

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from ..errors import CliParser, UserError, atomic_path, check_out_dir, run_cli
-from ..validation import check_int
+from ..validation import check_threads
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -192,7 +192,7 @@ def main(argv=None) -> int:
         report(args)
         return 0
     if args.threads is not None:      # before anything runs: decoding, after every run is trained, would refuse it
-        check_int(args.threads, "--threads", 1, what=" (torch threads)")
+        check_threads(args.threads)
     args.argv = argv
     run(args)
     return 0

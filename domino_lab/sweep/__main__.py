@@ -15,7 +15,7 @@ import argparse
 import json
 
 from ..errors import CliParser, UserError, run_cli
-from ..validation import check_int
+from ..validation import check_threads
 from .config import DEFAULT_SWEEP, load_sweep
 
 
@@ -53,7 +53,7 @@ def parse_args(argv=None):
     """(SweepConfig, parsed arguments) of a command line."""
     args = build_parser().parse_intermixed_args(argv)
     if args.threads is not None:        # checked with the rest, before any study or data exists
-        check_int(args.threads, "--threads", 1, what=" (torch threads for this worker)")
+        check_threads(args.threads)
     if args.study_name is not None and not args.study_name.strip():
         raise UserError("--study-name is empty; name the study (or leave the flag out for the sweep YAML's name)")
     overrides = list(args.overrides)
