@@ -29,7 +29,7 @@ def check_sampling(temperature: float, top_p: float = 1.0, sampler: str = "rejec
     t_ok = real and (temperature == 0 or low <= temperature <= high)     # (written so that NaN fails too)
     if not t_ok or not 0 < top_p <= 1:
         raise UserError(f"temperature must be a finite number >= 0 (0 = greedy, else from {low:g} to {high:g}) and "
-                        "top_p in (0, 1]")
+                        f"top_p in (0, 1]; got temperature {temperature!r}, top_p {top_p!r}")
     if sampler not in SAMPLERS:
         raise UserError(f"unknown sampler {sampler!r}; use one of {list(SAMPLERS)}")
     if sampler == "gumbel" and temperature > 0 and tree_sampled:

@@ -66,12 +66,20 @@ def test_bench_refuses_two_sets_under_one_name_and_long_prompts_before_decoding(
     assert not out.exists()
 
 
-def test_inference_checks_every_prompt_and_the_prompts_per_process_before_decoding(tmp_path):
+def test_inference_checks_every_prompt_and_the_prompts_per_process_before_decoding(tmp_path, monkeypatch):
     from domino_lab.inference import main, make_trainer, predict
 
     mixed = _jsonl(tmp_path / "mixed.jsonl", [{"id": "ok", "prompt": "def f(x):"}, {"id": "long", "prompt": LONG}])
     with pytest.raises(UserError, match=r"prompt 'long' \(number 2 of 2\) has \d+ tokens"):
         main(["--prompts", str(mixed), "--drafter", "none", "--out", str(tmp_path / "o.jsonl")])
+    assert not (tmp_path / "o.jsonl").exists()
+    # bad values are found before the trainer exists (making one prints Lightning's hardware lines)
+    monkeypatch.setattr("domino_lab.inference.decoder.make_trainer", lambda *a, **k: pytest.fail("made a trainer"))
+    for flags, match in ((["--limit", "0"], "limit must be"), (["--temperature", "-1"], "got temperature -1.0"),
+                         (["--dtype", "float8"], "unknown dtype 'float8'"), (["--prompts", "nope"], "nope")):
+        with pytest.raises(UserError, match=match):
+            main(["--prompts", "math", "--drafter", "none", "--out", str(tmp_path / "o.jsonl"), *flags])
+    monkeypatch.undo()
     assert not (tmp_path / "o.jsonl").exists()
     # two processes for one prompt: one would get nothing (Lightning's sampler fails in it); the processes are only
     # started by predict, so the check runs in this one

@@ -56,16 +56,23 @@ def main(argv=None) -> int:
     from ..training.devices import check_not_spawned
 
     check_not_spawned(args.strategy)
-    trainer = make_trainer(args.accelerator, parse_devices(args.devices), args.strategy, args.precision)
+    # everything a user can get wrong is checked before the trainer exists: making one prints Lightning's lines
+    # about the hardware, which would stand above the one error line
+    options = InferenceOptions.from_args(args)
+    from ..sampling import check_sampling
+    from ..target import Target, parse_dtype, use_decode_threads
+
+    check_sampling(args.temperature, 1.0, args.sampler, bool(options.tree_sampled))
+    parse_dtype(args.dtype)
     rows = load_eval_set(args.prompts, limit=args.limit)
-    from ..target import Target, use_decode_threads
+    trainer = make_trainer(args.accelerator, parse_devices(args.devices), args.strategy, args.precision)
 
     target = Target.from_pretrained(args.target, dtype=args.dtype)
     use_decode_threads(target, args.threads,
                        rows=min(args.slots or args.batch_size, args.batch_size) if args.batched else 1)
     out = predict(target, args.drafter, rows, max_new_tokens=args.max_new_tokens,
                   temperature=args.temperature, batch_size=args.batch_size, dtype=args.dtype,
-                  options=InferenceOptions.from_args(args), tree_nodes=args.tree_nodes, sampler=args.sampler,
+                  options=options, tree_nodes=args.tree_nodes, sampler=args.sampler,
                   batched=args.batched, slots=args.slots, steps=not args.batched, trainer=trainer)
     path = Path(args.out)
     rank = out[0]["rank"] if out else 0
