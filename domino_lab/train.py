@@ -124,7 +124,7 @@ def _train(cfg, resume: bool, extra_callbacks, logger, target) -> dict:
     from lightning.pytorch.callbacks import ModelCheckpoint, OnExceptionCheckpoint
 
     from .target import Target
-    from .training.devices import quiet_lightning
+    from .training.devices import parse_devices, quiet_lightning
     from .training.callbacks import ExportBest, step_progress_bar
     from .training.config import drafter_config
     from .training.datamodule import DrafterDataModule
@@ -156,6 +156,9 @@ def _train(cfg, resume: bool, extra_callbacks, logger, target) -> dict:
     dcfg = drafter_config(cfg.drafter, target)
     dm = DrafterDataModule(cfg.data, seed=cfg.seed)
     dm.setup("fit")
+    devices = parse_devices(cfg.devices)
+    if isinstance(devices, (int, list)) and devices != -1:     # a known count ("auto" and -1: every GPU there is)
+        dm.check_batches((len(devices) if isinstance(devices, list) else devices) * cfg.num_nodes)
     digest = "+".join(check_data_target(path, target) for path in cfg.data.paths)
     if saved is not None:
         check_same_data(saved["hyper_parameters"].get("data_digest"), digest, cfg.data.paths, ckpt)

@@ -435,6 +435,21 @@ def test_out_of_range_values_fail_before_training(tiny, tmp_path, capsys):
         assert not out.exists(), override
 
 
+def test_fewer_batches_than_processes_is_one_error_before_the_run(tiny, tmp_path, capsys):
+    """Each process trains on its own share of the batches; a share that is empty made Lightning stop without a
+    step, and the run exited 0 with an untrained drafter exported."""
+    from domino_lab.train import main
+
+    out = tmp_path / "run"
+    with pytest.raises(SystemExit) as e:
+        run_cli(main, base_args(tiny, out, steps=2) + ["data.batch_size=64", "--devices", "2", "--accelerator", "cpu",
+                                                      "--strategy", "ddp"])
+    err = [x for x in capsys.readouterr().err.strip().splitlines() if x.strip()]
+    assert e.value.code == 2 and len(err) == 1, err
+    assert "1 batch(es) of data.batch_size 64, for 2 processes" in err[0] and "fewer --devices" in err[0]
+    assert not out.exists()
+
+
 def test_two_process_ddp_on_cpu(tiny, tmp_path):
     out = tmp_path / "ddp"
     args = base_args(tiny, out, steps=6, every=3) + ["--devices", "2", "--strategy", "ddp", "--accelerator", "cpu",

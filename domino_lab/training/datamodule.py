@@ -132,6 +132,15 @@ class DrafterDataModule(pl.LightningDataModule):
         if not self.train_rows:
             raise UserError(f"the dataset at {self.cfg.path} is too small to split into train and validation")
 
+    def check_batches(self, processes: int) -> None:
+        """One error, before a run starts, when the training split has fewer batches than the processes sharing it:
+        each process's share would be empty, and Lightning stops such a run without a step and without an error."""
+        n = len(BucketBatchSampler([len(r["input_ids"]) for r in self.train_rows], self.cfg.batch_size, self.seed))
+        if n < processes:
+            raise UserError(f"the training split has {len(self.train_rows)} sequences, {n} batch(es) of "
+                            f"data.batch_size {self.cfg.batch_size}, for {processes} processes (devices x num_nodes): "
+                            "each process needs a batch; use fewer --devices, a smaller data.batch_size or more data")
+
     def _loader(self, rows, shuffle):
         # training batches are sharded over ranks; every rank validates on the whole (small) split
         sharded = shuffle and self.trainer is not None
