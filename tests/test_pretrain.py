@@ -88,6 +88,45 @@ def test_unknown_yaml_key_is_one_error_line(tmp_path, capsys):
     assert not (tmp_path / "o").exists()
 
 
+BROKEN = [  # (section, key, value, the key the error line names)
+    ("train", "lr", -1.0, "train.lr"), ("train", "lr", math.inf, "train.lr"), ("train", "seed", -1, "train.seed"),
+    ("train", "seed", 2**32, "train.seed"), ("train", "threads", 0, "train.threads"),
+    ("train", "betas", [0.9], "train.betas"), ("train", "betas", [0.9, 1.0], "train.betas[1]"),
+    ("train", "max_steps", 0, "train.max_steps"), ("train", "max_minutes", 0.0, "train.max_minutes"),
+    ("train", "weight_decay", -0.1, "train.weight_decay"), ("train", "val_every_steps", 0, "train.val_every_steps"),
+    ("model", "rope_theta", -5.0, "model.rope_theta"), ("model", "hidden_size", 0, "model.hidden_size"),
+    ("model", "num_key_value_heads", 3, "model.num_key_value_heads"), ("model", "head_dim", 63, "model.head_dim"),
+    ("model", "vocab_size", 100, "model.vocab_size"), ("data", "code_share", 1.5, "data.code_share"),
+    ("data", "code_share", -0.5, "data.code_share"), ("data", "seq_len", 1, "data.seq_len"),
+    ("data", "val_windows", 0, "data.val_windows"),
+]
+
+
+@pytest.mark.parametrize("section, key, value, named", BROKEN, ids=[f"{s}.{k}={v}" for s, k, v, _ in BROKEN])
+def test_out_of_range_recipe_value_is_one_error_line(section, key, value, named, tmp_path, capsys, monkeypatch):
+    import yaml
+
+    import domino_lab.pretrain.train as pretrain_train
+
+    monkeypatch.setattr(pretrain_train, "train", lambda *a, **k: pytest.fail("training started on a broken recipe"))
+    raw = yaml.safe_load(RECIPE.read_text())
+    raw[section][key] = value
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(raw))
+    out, runs = tmp_path / "o", tmp_path / "r"
+    with pytest.raises(SystemExit) as e:
+        run_cli(main, ["--quick", "--config", str(bad), "--out", str(out), "--runs-dir", str(runs),
+                       "--cache-dir", str(tmp_path / "cache")])
+    assert e.value.code == 2
+    assert _one_error_line(capsys.readouterr().err).startswith(f"error: {named} ")
+    assert not out.exists() and not runs.exists()
+
+
+@pytest.mark.parametrize("name", ["target.yaml", "target_stage2.yaml", "target_stage3.yaml", "assistant.yaml"])
+def test_shipped_recipes_pass_the_range_checks(name):
+    apply_quick(load_recipe(REPO / "experiments" / "configs" / name))
+
+
 def test_unknown_section_and_bad_type():
     with pytest.raises(UserError, match="optimizer"):
         recipe_from_dict({"optimizer": {}})

@@ -8,9 +8,15 @@ from pathlib import Path
 
 from ..config import from_dict, load_config, path_field
 from ..errors import UserError
+from ..validation import TRAIN_SEED_MAX, check_int, check_number, check_seed, check_threads
 
 SHIPPED_DIR = Path(__file__).resolve().parent.parent / "assets" / "target"
 DEFAULT_CONFIG = "experiments/configs/target.yaml"
+# a tokenizer trained here (data/tokenizer.py) holds the 256 byte symbols and the 2 special tokens at least
+MIN_TRAINED_VOCAB = 256 + 2
+
+# Every value is checked when its section is built (a YAML file, apply_quick, or a direct construction), so a bad
+# recipe is one error naming the key as the YAML does (`train.lr`) before any folder is made or data is read.
 
 
 @dataclass
@@ -25,6 +31,20 @@ class ModelShape:
     max_position_embeddings: int = 2048
     rope_theta: float = 10000.0
 
+    def __post_init__(self):
+        for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+                     "head_dim", "intermediate_size", "max_position_embeddings"):
+            check_int(getattr(self, name), f"model.{name}", 1)
+        if self.head_dim % 2:
+            raise UserError(f"model.head_dim must be even (RoPE rotates pairs of dimensions), got {self.head_dim}")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise UserError(f"model.num_key_value_heads ({self.num_key_value_heads}) must divide "
+                            f"model.num_attention_heads ({self.num_attention_heads}): each key/value head serves a "
+                            "whole group of query heads")
+        # the RoPE base: at or below 1 the frequencies grow with the dimension instead of falling, and near 0 they
+        # overflow and every loss is NaN
+        check_number(self.rope_theta, "model.rope_theta", 1.0, low_open=True)
+
 
 @dataclass
 class DataRecipe:
@@ -38,6 +58,14 @@ class DataRecipe:
     # train on a target's regenerated responses instead of the corpora (an assistant model for
     # `hf-assisted` learns the target's own distribution): a `python -m domino_lab.regenerate` folder
     regenerated: str | None = path_field(None)
+
+    def __post_init__(self):
+        check_int(self.seq_len, "data.seq_len", 2, what=" (a window predicts its tokens from the ones before)")
+        check_number(self.code_share, "data.code_share", 0.0, 1.0)
+        for name in ("math_train_problems", "math_heldout_problems", "tokenizer_math_problems", "val_windows"):
+            check_int(getattr(self, name), f"data.{name}", 1)
+        if self.code_files is not None:
+            check_int(self.code_files, "data.code_files", 1, what=" (or null: all files)")
 
 
 @dataclass
@@ -61,6 +89,24 @@ class TrainRecipe:
     # from scratch, but with this exported model's tokenizer (an assistant must share the target's)
     tokenizer_from: str | None = path_field(None)
 
+    def __post_init__(self):
+        check_seed(self.seed, "train.seed", TRAIN_SEED_MAX)
+        check_int(self.batch_size, "train.batch_size", 1)
+        check_number(self.lr, "train.lr", 0.0, low_open=True)
+        check_number(self.min_lr_ratio, "train.min_lr_ratio", 0.0, 1.0)
+        check_int(self.warmup_steps, "train.warmup_steps", 0)
+        check_number(self.weight_decay, "train.weight_decay", 0.0)
+        if not isinstance(self.betas, (list, tuple)) or len(self.betas) != 2:
+            raise UserError(f"train.betas must be two numbers in [0, 1), e.g. [0.9, 0.95], got {self.betas!r}")
+        for i, b in enumerate(self.betas):
+            check_number(b, f"train.betas[{i}]", 0.0, 1.0, high_open=True)
+        check_number(self.grad_clip, "train.grad_clip", 0.0)
+        check_int(self.max_steps, "train.max_steps", 1)
+        check_number(self.max_minutes, "train.max_minutes", 0.0, low_open=True)
+        check_int(self.val_every_steps, "train.val_every_steps", 1)
+        check_int(self.checkpoint_every_steps, "train.checkpoint_every_steps", 0, what=" (0: no checkpoints)")
+        check_threads(self.threads, "train.threads")
+
 
 @dataclass
 class TargetRecipe:
@@ -68,6 +114,12 @@ class TargetRecipe:
     data: DataRecipe = field(default_factory=DataRecipe)
     train: TrainRecipe = field(default_factory=TrainRecipe)
     out_dir: str | None = path_field(None)   # None: the shipped default target (domino_lab/assets/target)
+
+    def __post_init__(self):
+        own_tokenizer = not (self.train.init_from or self.train.tokenizer_from)
+        if own_tokenizer and self.model.vocab_size < MIN_TRAINED_VOCAB:
+            raise UserError(f"model.vocab_size must be at least {MIN_TRAINED_VOCAB} for a tokenizer trained here (256 "
+                            f"byte symbols and 2 special tokens), got {self.model.vocab_size}")
 
 
 # Toy shape for `--quick`: a few hundred tokens end to end in seconds.
