@@ -610,6 +610,16 @@ def main(argv: list[str] | None = None) -> int:
     ids = {name: prompts_token_ids(target, prompts, f"set {name}") for name, prompts in sets.items()}
     use_decode_threads(target, args.threads)
     drafters = {m: load_drafter(spec, target, options=o) for m, (spec, o) in specs.items()}
+    # the two named slots say what their methods measure: `dflash` a block drafter alone, `domino` one with its head
+    for m, d in drafters.items():
+        slot = TREE_METHODS.get(m, "domino" if m in HEAD_VARIANTS else m)
+        if slot in ("dflash", "domino") and d.uses_head != (slot == "domino"):
+            spec = getattr(args, slot)
+            raise UserError(f"--{slot} {spec}: the {m} method measures "
+                            + ("a drafter with the Domino head, and this one has none" if slot == "domino" else
+                               "a block drafter without a head, and this one drafts with its head")
+                            + f"; give --{slot} such a drafter, or bench this one under its own label: "
+                            f"--drafter LABEL={spec}")
     skipped: dict[str, str] = {}     # default methods this target cannot run -> why
 
     def skip(method: str, error: UserError) -> None:

@@ -190,6 +190,10 @@ def test_bench_says_which_drafters_the_batched_table_leaves_out(tmp_path):
     (["--methods", "ar", "dflash", "--tree-min-prob", "0.03"], "--tree-min-prob shapes the trees .* none is benched"),
     (["--methods", "ar", "domino", "--tree-sampled"], "--tree-sampled shapes the trees"),
     (["--draft-cutoff", "0.2"], "--draft-cutoff shortens chains, and dflash-tree verifies a tree"),
+    (["--methods", "dflash", "--dflash", "default"], "--dflash default: the dflash method measures a block drafter "
+                                                     "without a head, and this one drafts with its head"),
+    (["--methods", "domino-tree", "--domino", "default-dflash"], "--domino default-dflash: the domino-tree method "
+                                                                  "measures a drafter with the Domino head"),
 ])
 def test_bench_refuses_flags_it_would_ignore(tmp_path, flags, match):
     from domino_lab.bench import main
