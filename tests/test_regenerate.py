@@ -166,6 +166,12 @@ def test_resume_after_interruption_has_no_duplicates_and_redoes_nothing(target, 
     assert len(shards) == 2  # the two finished batches, nothing from the killed one
     with pytest.raises(UserError, match="incomplete"):
         load_regenerated(out)
+    # a folder that regenerate never wrote is called that, not an interrupted run
+    other = tmp_path / "prompts"
+    other.mkdir()
+    (other / "p.jsonl").write_text('{"id": "a", "prompt": "x"}\n')
+    with pytest.raises(UserError, match="prompts is not a folder of regenerated data .*regenerate --out DIR"):
+        load_regenerated(other)
 
     calls.clear()
     target.model.generate = lambda *a, **k: (calls.append(k["input_ids"].shape[0]), real_generate(*a, **k))[1]

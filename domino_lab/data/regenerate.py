@@ -446,6 +446,9 @@ def load_regenerated(out_dir: str | os.PathLike):
     if not out_dir.is_dir():
         raise UserError(f"no regenerated data at {out_dir}; run `python -m domino_lab.regenerate --out {out_dir}`")
     if not (out_dir / META).exists() or not (out_dir / _DATASET_STATE).exists():
+        if not (out_dir / SHARD_DIR).is_dir():     # a regenerate run makes it first and keeps it
+            raise UserError(f"{out_dir} is not a folder of regenerated data (it has no {META} and no {SHARD_DIR}); "
+                            f"give a folder that `python -m domino_lab.regenerate --out DIR` wrote")
         raise UserError(f"regenerated data at {out_dir} is incomplete (the run was interrupted); rerun the "
                         "same regenerate command to finish it")
     return datasets.load_from_disk(str(out_dir))
