@@ -446,11 +446,16 @@ PROJECT_KEYS = ("step_ms", "draft_8_ms", "verify_8_ms")
 def load_regime(path: str) -> dict:
     """{shape: costs} from a regime map JSON (experiments/regime_map.py), checked before anything is decoded."""
     try:
-        shapes = json.loads(Path(path).read_text())["results"]
+        text = Path(path).read_text()
+    except OSError as e:
+        raise UserError(f"--project {path}: cannot read it ({e.strerror}); give the JSON that "
+                        "experiments/regime_map.py wrote (experiments/results/regime_map.json)") from None
+    try:
+        shapes = json.loads(text)["results"]
         if not shapes or any(not all(isinstance(c.get(k), (int, float)) for k in PROJECT_KEYS)
                              for c in shapes.values()):
             raise KeyError
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+    except (ValueError, KeyError, TypeError, AttributeError):
         raise UserError(f"--project {path}: not a regime map (a JSON with results: {{shape: {{"
                         f"{', '.join(PROJECT_KEYS)}}}}}); write one with experiments/regime_map.py") from None
     return shapes
