@@ -189,7 +189,7 @@ def test_bench_bad_input_is_one_clear_line(dirs, tmp_path, capsys):
                       (["--sets", prompts, "--target", tdir, "--methods", "ar", "--project", prompts],
                        "not a regime map"),
                       (["--sets", prompts, "--target", tdir, "--methods", "ar", "--project", str(tmp_path / "no.json")],
-                       r"no.json: cannot read it \(No such file or directory\)"),
+                       "no.json: cannot read it (No such file or directory)"),
                       (["--sets", prompts, "--target", tdir, "--methods", "ar", "--drafter", "x=untrained:nope"],
                        "unknown drafter method"),
                       (["--sets", prompts, "--temperature", "-1"], "temperature must be a finite number >= 0"),
