@@ -292,7 +292,9 @@ class Target:
             source = str(path)
         else:
             source = name_or_path
-            looks_local = name_or_path.startswith((".", "/", "~")) or Path(name_or_path).exists()
+            # a Hugging Face id is owner/name: a trailing slash, a backslash or more than one slash is a path
+            looks_local = (name_or_path.startswith((".", "/", "~")) or name_or_path.endswith(("/", "\\"))
+                           or name_or_path.count("/") > 1 or Path(name_or_path).exists())
             if looks_local and not (Path(name_or_path).expanduser() / "config.json").exists():
                 raise UserError(f"target '{name_or_path}' is not a model directory (no config.json there); "
                                 "pass a Hugging Face model id, a local model directory, or 'default'")

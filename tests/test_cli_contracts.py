@@ -100,6 +100,9 @@ def test_regenerate_refuses_a_max_length_past_the_context(tmp_path):
 
 @pytest.mark.parametrize("flags, match", [
     (["--target", "/nonexistent/model"], "target '/nonexistent/model' is not a model directory"),
+    # relative paths that cannot be a Hugging Face id (owner/name) are folders too, not ids with bad characters
+    (["--target", "nonexistent/"], "target 'nonexistent/' is not a model directory"),
+    (["--target", "runs/no/model"], "target 'runs/no/model' is not a model directory"),
     (["regen_math=-1"], "regen_math must be >= 0"),
     (["regen_max_new_tokens=0"], "regen_max_new_tokens must be >= 1"),
 ])
