@@ -14,6 +14,10 @@ from .errors import CliParser, UserError, run_cli
 from .validation import TRAIN_SEED_MAX, check_device, check_number, check_seed, check_threads
 
 
+# prompts of the training splits per domain, unless --prompts gives its own
+N_DEFAULTS = {"n_math": 2000, "n_code": 2000, "n_prose": 0}
+
+
 def main(argv: list[str] | None = None) -> int:
     from .data.regenerate import check_out_dir, load_meta, regenerate, training_prompts
 
@@ -22,11 +26,13 @@ def main(argv: list[str] | None = None) -> int:
         description="Let the target write the responses a drafter learns from (resumable; rerun to continue).")
     ap.add_argument("--target", default="default", help="'default', a local model folder or a HF model id")
     ap.add_argument("--out", required=True, help="output folder (a datasets dataset + meta.json)")
-    ap.add_argument("--n-math", type=int, default=2000, help="math prompts from the training seeds")
-    ap.add_argument("--n-code", type=int, default=2000, help="function-header prompts from training stdlib files")
-    ap.add_argument("--n-prose", type=int, default=0,
+    ap.add_argument("--n-math", type=int, default=None,
+                    help=f"math prompts from the training seeds (default {N_DEFAULTS['n_math']})")
+    ap.add_argument("--n-code", type=int, default=None,
+                    help=f"function-header prompts from training stdlib files (default {N_DEFAULTS['n_code']})")
+    ap.add_argument("--n-prose", type=int, default=None,
                     help="openings of comments and docstrings of training stdlib files (prose the target answers "
-                         "with loops of its own; docs/design.md#prose-domain)")
+                         "with loops of its own; docs/design.md#prose-domain; default 0)")
     ap.add_argument("--prompts", default=None,
                     help="instead of the training splits, use these prompts: a JSONL file of {id, prompt} "
                          "or an eval set name (for analysis only: never train on eval prompts)")
@@ -44,6 +50,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cache-dir", default=None, help="corpus cache folder (default $DOMINO_LAB_CACHE)")
     ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args(argv)
+    counts = [k for k in N_DEFAULTS if getattr(args, k) is not None]
+    if args.prompts is not None and counts:
+        flag = "--" + counts[0].replace("_", "-")
+        raise UserError(f"{flag} counts prompts of the training splits, and --prompts replaces them with its own: "
+                        f"drop {flag} or --prompts")
+    for k, v in N_DEFAULTS.items():
+        if getattr(args, k) is None:
+            setattr(args, k, v)
 
     # Validate everything cheap before loading a model, so bad input fails in a second.
     for flag, v, lo in (("--n-math", args.n_math, 0), ("--n-code", args.n_code, 0), ("--n-prose", args.n_prose, 0),

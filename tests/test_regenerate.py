@@ -323,10 +323,12 @@ def _bad_args(tmp_path: Path, case: str) -> list[str]:
         "bad_jsonl": ["--prompts", str(afile), "--out", str(tmp_path / "o")],
         "bad_prose": ["--n-prose", "-1", "--out", str(tmp_path / "o")],
         "nothing": ["--n-math", "0", "--n-code", "0", "--out", str(tmp_path / "o")],
+        "count_with_prompts": ["--prompts", "humaneval", "--n-math", "5", "--out", str(tmp_path / "o")],
     }[case]
 
 
-@pytest.mark.parametrize("case", ["unknown_set", "out_under_file", "bad_batch", "bad_jsonl", "bad_prose", "nothing"])
+@pytest.mark.parametrize("case", ["unknown_set", "out_under_file", "bad_batch", "bad_jsonl", "bad_prose", "nothing",
+                                  "count_with_prompts"])
 def test_cli_bad_input_exits_2_with_one_error_line(tmp_path, case, capsys):
     from domino_lab.errors import run_cli
     from domino_lab.regenerate import main
@@ -341,6 +343,8 @@ def test_cli_bad_input_exits_2_with_one_error_line(tmp_path, case, capsys):
         assert all(name in lines[0] for name in ("humaneval", "math", "code"))
     if case == "bad_jsonl":
         assert "file.txt:1" in lines[0]
+    if case == "count_with_prompts":
+        assert "--n-math counts prompts of the training splits, and --prompts replaces them" in lines[0]
 
 
 def test_cli_bad_input_in_a_real_process_has_no_traceback(tmp_path):
