@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .cli_flags import add_sampler_arg, add_threads_arg
+from .cli_flags import add_sampler_arg, add_threads_arg, check_greedy_flags
 from .errors import CliParser, UserError, atomic_path, check_out_dir, run_cli
 
 if TYPE_CHECKING:
@@ -537,8 +537,12 @@ def main(argv: list[str] | None = None) -> int:
     for flag, quick, default in (("limit", 2, None), ("max_new_tokens", 16, 128), ("warmup", 1, 2)):
         if getattr(args, flag) is None:
             setattr(args, flag, quick if args.quick else default)
-    if args.continuous and not args.batch_sizes:
-        raise UserError("--continuous shapes the batched rows (a queue through that many slots): add --batch-sizes")
+    batch_flags = [flag for flag, on in (("--continuous", args.continuous), ("--batch-rounds", args.batch_rounds != 1),
+                                         ("--batch-drafts", args.batch_drafts is not None)) if on]
+    if batch_flags and not args.batch_sizes:
+        raise UserError(f"{batch_flags[0]} shapes the batched rows, and this run measures batch 1 only: add "
+                        f"--batch-sizes or drop {batch_flags[0]}")
+    check_greedy_flags(args)
     if args.tracking_uri is not None and not args.mlflow:
         raise UserError("--tracking-uri says where --mlflow logs: add --mlflow, or drop --tracking-uri")
     for flag in ("max_new_tokens", "prompt_lookup_tokens"):

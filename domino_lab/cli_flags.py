@@ -4,6 +4,8 @@ This module imports nothing heavy, so a CLI can build its parser, answer `--help
 transformers or Lightning load (several seconds each)."""
 from __future__ import annotations
 
+from .errors import UserError
+
 # How a sampled decode (T > 0) verifies drafts: "rejection" = standard speculative sampling (the drafter samples,
 # the target accepts with probability min(1, p/q)); "gumbel" = Gumbel-max coupling (`sampling.GumbelNoise`): the
 # target's token at every position is argmax(log p + g) with noise g fixed by the seed and the position, and the
@@ -17,6 +19,17 @@ def add_sampler_arg(p) -> None:
                    help="how T > 0 verifies drafts: rejection (standard speculative sampling, the default) or gumbel "
                         "(Gumbel-max coupling: the seed fixes the text, the same with or without a drafter; "
                         "docs/design.md#gumbel-coupled-sampling)")
+
+
+def check_greedy_flags(args) -> None:
+    """--top-p and --sampler shape sampled decoding; at temperature 0 they would be ignored without a word, and a run
+    records what its command line said (bench.json's top_p), so they are refused there."""
+    if args.temperature == 0:
+        given = [flag for flag, on in (("--top-p", getattr(args, "top_p", 1.0) != 1.0),
+                                       ("--sampler", args.sampler != "rejection")) if on]
+        if given:
+            raise UserError(f"{given[0]} shapes sampling at T > 0, and this run is greedy: add --temperature T or "
+                            f"drop {given[0]}")
 
 
 def add_threads_arg(p) -> None:

@@ -8,7 +8,7 @@ import argparse
 import json
 import sys
 
-from .cli_flags import add_sampler_arg, add_threads_arg
+from .cli_flags import add_sampler_arg, add_threads_arg, check_greedy_flags
 from .errors import CliParser, UserError, run_cli
 
 
@@ -65,6 +65,7 @@ def main(argv: list[str] | None = None) -> int:
         raise UserError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
     check_number(args.temperature, "--temperature", low=0)
     check_number(args.top_p, "--top-p", low=0, high=1, low_open=True)
+    check_greedy_flags(args)
     check_tree_nodes(args.tree_nodes, "--tree-nodes")
     if args.steps and not args.json:
         raise UserError("--steps adds the per-step records to the JSON output: add --json")

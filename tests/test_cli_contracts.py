@@ -76,7 +76,8 @@ def test_inference_checks_every_prompt_and_the_prompts_per_process_before_decodi
     # bad values are found before the trainer exists (making one prints Lightning's hardware lines)
     monkeypatch.setattr("domino_lab.inference.decoder.make_trainer", lambda *a, **k: pytest.fail("made a trainer"))
     for flags, match in ((["--limit", "0"], "limit must be"), (["--temperature", "-1"], "got temperature -1.0"),
-                         (["--dtype", "float8"], "unknown dtype 'float8'"), (["--prompts", "nope"], "nope")):
+                         (["--dtype", "float8"], "unknown dtype 'float8'"), (["--prompts", "nope"], "nope"),
+                         (["--sampler", "gumbel"], "--sampler shapes sampling at T > 0")):
         with pytest.raises(UserError, match=match):
             main(["--prompts", "math", "--drafter", "none", "--out", str(tmp_path / "o.jsonl"), *flags])
     monkeypatch.undo()
@@ -189,6 +190,10 @@ def test_bench_says_which_drafters_the_batched_table_leaves_out(tmp_path):
 
 @pytest.mark.parametrize("flags, match", [
     (["--continuous"], "--continuous shapes the batched rows.*add --batch-sizes"),
+    (["--batch-rounds", "3"], "--batch-rounds shapes the batched rows, and this run measures batch 1 only"),
+    (["--batch-drafts", "all"], "--batch-drafts shapes the batched rows"),
+    (["--top-p", "0.5"], r"--top-p shapes sampling at T > 0, and this run is greedy: add --temperature T"),
+    (["--sampler", "gumbel"], r"--sampler shapes sampling at T > 0"),
     (["--tracking-uri", "sqlite:///x.db"], "--tracking-uri says where --mlflow logs: add --mlflow"),
     (["--methods", "ar", "dflash", "--tree-min-prob", "0.03"], "--tree-min-prob shapes the trees .* none is benched"),
     (["--methods", "ar", "domino", "--tree-sampled"], "--tree-sampled shapes the trees"),
@@ -260,8 +265,10 @@ def test_a_block_that_cannot_fit_the_context_is_refused():
     (["--tree-nodes", "8", "--draft-cutoff", "0.5"], "--draft-cutoff shortens a chain's drafts, and this run verifies "
                                                      "trees"),
     (["--tree-nodes", "8", "--tree-sampled"], "--tree-sampled samples a tree's nodes at T > 0"),
+    (["--top-p", "0.9"], "--top-p shapes sampling at T > 0, and this run is greedy"),
+    (["--sampler", "gumbel"], "--sampler shapes sampling at T > 0, and this run is greedy"),
 ])
-def test_generate_refuses_tree_flags_it_would_ignore(flags, match, monkeypatch):
+def test_generate_refuses_tree_and_sampling_flags_it_would_ignore(flags, match, monkeypatch):
     from domino_lab import generate
 
     monkeypatch.setattr("domino_lab.Target.from_pretrained", lambda *a, **k: pytest.fail("loaded a target"))

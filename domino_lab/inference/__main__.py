@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..cli_flags import add_sampler_arg, add_threads_arg
+from ..cli_flags import add_sampler_arg, add_threads_arg, check_greedy_flags
 from ..errors import CliParser, UserError, atomic_path, check_out_file, run_cli
 from . import __doc__ as USAGE
 
@@ -63,6 +63,7 @@ def main(argv=None) -> int:
     from ..target import Target, parse_dtype, use_decode_threads
 
     check_sampling(args.temperature, 1.0, args.sampler, bool(options.tree_sampled))
+    check_greedy_flags(args)
     parse_dtype(args.dtype)
     rows = load_eval_set(args.prompts, limit=args.limit)
     trainer = make_trainer(args.accelerator, parse_devices(args.devices), args.strategy, args.precision)
