@@ -2,12 +2,13 @@
 data or run exists, and `trial_config`: the TrainConfig of one trial."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..config import default_runs_dir, load_config, path_field
+from ..config import RUNS_PREFIX, default_runs_dir, load_config, path_field, repo_root
 from ..errors import UserError, mask_credentials
 from .space import make_pruner, make_sampler, probe_values, validate_space
 
@@ -173,3 +174,52 @@ def base_values(base_cfg, space: dict) -> dict:
             continue
         out[name] = node
     return out
+
+
+# Recipe keys that say where a trial writes and logs, or how fast it runs, not what its score measures. The seed is
+# one too: it draws a trial's noise, and workers joining a study take their own --seed so their samplers differ.
+NOT_IN_FINGERPRINT = {"seed", "out_dir", "run_name", "experiment", "tracking_uri", "progress_bar", "threads",
+                      "log_every_n_steps", "checkpoint_every_n_steps", "data.num_workers", "data.features_dir"}
+
+
+def study_fingerprint(sweep: SweepConfig, base) -> dict:
+    """What decides what a trial's score means, as flat `key: value` pairs (the keys overrides use): the resolved base
+    recipe `base` (training budget, data, drafter, loss, optimiser, eval settings) but NOT_IN_FINGERPRINT, the search
+    space, the objectives and the counts the sweep regenerates missing data with. Budget (n_trials, total_trials,
+    timeout), storage, runs folder, sampler, pruner and confirmation settings are left out: re-runs and workers
+    legitimately differ in them, and none changes a trial's score. JSON-shaped, as the study's storage returns it."""
+    fp = {k: _portable(v, sweep.runs_dir) for k, v in _flat(dataclasses.asdict(base)).items()
+          if k not in NOT_IN_FINGERPRINT}
+    fp["space"] = sorted(sweep.space)       # the swept names, so an added or removed parameter shows too
+    fp.update({f"space.{name}": spec for name, spec in sweep.space.items()})
+    fp.update(objectives=sweep.objectives, regen_math=sweep.regen_math, regen_code=sweep.regen_code,
+              regen_max_new_tokens=sweep.regen_max_new_tokens)
+    return json.loads(json.dumps(fp))
+
+
+def fingerprint_changes(old: dict, new: dict) -> list[str]:
+    """`key old → new` for every key whose value differs (a key only one side has is an option added or removed
+    by another domino_lab version, no conflict: the space's names are compared as one key)."""
+    return [f"{k} {json.dumps(old[k])} → {json.dumps(new[k])}" for k in old if k in new and old[k] != new[k]]
+
+
+def _flat(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def _portable(value, runs_dir: str):
+    """A path under the runs folder (or the repository) written as the recipe writes it, `runs/...`: workers on
+    other machines, with other folders and one shared database, describe the same study alike."""
+    if isinstance(value, list):
+        return [_portable(v, runs_dir) for v in value]
+    if isinstance(value, str) and Path(value).is_absolute():
+        for root, prefix in ((Path(runs_dir), RUNS_PREFIX), (repo_root(), "")):
+            if Path(value).is_relative_to(root):
+                return str(Path(prefix, Path(value).relative_to(root)))
+    return value

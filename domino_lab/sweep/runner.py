@@ -22,7 +22,7 @@ from optuna_integration import PyTorchLightningPruningCallback
 
 from ..errors import UserError, mask_credentials
 from ..training.tracking import default_artifact_location, default_tracking_uri
-from .config import SweepConfig, base_values, trial_config
+from .config import SweepConfig, base_values, fingerprint_changes, study_fingerprint, trial_config
 from .space import make_pruner, make_sampler, suggest
 from .storage import file_lock, sqlite_path, sweep_storage
 from ..decoding.metrics import speedup_bound
@@ -32,6 +32,7 @@ DIRECTIONS = {"tau": "maximize", "draft_ms": "minimize", "draft_cost": "minimize
 SETUP_LOCK_KEY = 0x646F6D696E6F     # pg_advisory_lock key ("domino") serialising table creation
 DONE_STATES = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)   # trials that count
 PARENT_ATTR = "mlflow_parent_run_id"
+FINGERPRINT_ATTR = "config_fingerprint"
 
 
 class StepPruningCallback(PyTorchLightningPruningCallback):
@@ -182,7 +183,24 @@ class SweepRunner:
             study = optuna.load_study(**kw)
         if [d.name.lower() for d in study.directions] != directions:
             raise UserError(f"study '{self.sweep.study_name}' exists with other objectives; use another --study-name")
+        self._check_fingerprint(study)
         return study
+
+    def _check_fingerprint(self, study) -> None:
+        """A study ranks its trials against each other, so a re-run or a joining worker must measure them the same
+        way: the config's fingerprint (config.study_fingerprint) is stored when the study is made and compared on
+        every later use. Called under the setup lock, so workers creating the study together store it once."""
+        mine = study_fingerprint(self.sweep, self.base)
+        stored = study.user_attrs.get(FINGERPRINT_ATTR)
+        if stored is None:      # a new study, or one made before studies kept a fingerprint: this config is its own
+            study.set_user_attr(FINGERPRINT_ATTR, mine)
+            return
+        changes = fingerprint_changes(stored, mine)
+        if changes:
+            more = f" (and {len(changes) - 3} more)" if len(changes) > 3 else ""
+            raise UserError(f"study '{self.sweep.study_name}' was made with another config, so its trials would not "
+                            f"compare with new ones: {'; '.join(changes[:3])}{more}; use another --study-name, or "
+                            "restore the config")
 
     def _enqueue_baseline(self) -> None:
         """Trial 0 of a new study: the base recipe's own values, the baseline to beat (called under the lock, so
