@@ -207,7 +207,8 @@ def test_bad_sweep_input_fails_before_anything_is_created(tmp_path, capsys):
         ({}, ["--storage", "bogus://u:pw@host/db"], "--storage"),
         ({}, ["--seed", str(2 ** 40)], "seed"),
         # a SQLite file whose folder cannot be made (a file stands where the folder would be)
-        ({}, ["--storage", f"sqlite:///{tmp_path / 'blocker' / 'optuna.db'}"], "cannot create the folder"),
+        ({}, ["--storage", f"sqlite:///{tmp_path / 'blocker' / 'optuna.db'}"],
+         "which is a file, not a folder; choose another --storage"),
     ]
     (tmp_path / "blocker").write_text("")
     for spec, flags, msg in cases:
@@ -217,6 +218,8 @@ def test_bad_sweep_input_fails_before_anything_is_created(tmp_path, capsys):
         assert code == 2 and len(lines) == 1 and lines[0].startswith("error: ") and msg in lines[0], (spec, err)
         assert "pw" not in err
         assert not runs.exists() or not [p.name for p in runs.rglob("*.db")], (spec, list(runs.rglob("*")))
+        if "blocker" in str(flags):         # found before the sweep's own folder was made
+            assert not (runs / "domino-default").exists() and not any(runs.rglob("*")), list(runs.rglob("*"))
 
 
 def test_storage_password_is_masked(tmp_path, capsys):

@@ -20,7 +20,7 @@ from mlflow.tracking import MlflowClient
 from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
 from optuna_integration import PyTorchLightningPruningCallback
 
-from ..errors import UserError, mask_credentials
+from ..errors import UserError, check_out_file, mask_credentials
 from ..training.tracking import default_artifact_location, default_tracking_uri
 from .config import SweepConfig, base_values, fingerprint_changes, study_fingerprint, trial_config
 from .space import make_pruner, make_sampler, suggest
@@ -67,12 +67,14 @@ class SweepRunner:
         # a target that cannot load fails before the sweep creates its folder, study and tracking store
         self.target = target or Target.from_pretrained(self.base.target, dtype=self.base.dtype)
         self.dir = Path(sweep.out_dir) / sweep.study_name
+        self.storage_url = sweep.storage or f"sqlite:///{(Path(sweep.out_dir) / 'optuna.db').resolve()}"
+        db = sqlite_path(self.storage_url)
+        if db is not None:      # a database file whose folder cannot exist: one error before any folder is made
+            check_out_file(db, "--storage")
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise UserError(f"cannot create sweep folder {self.dir}: {e.strerror}") from None
-        self.storage_url = sweep.storage or f"sqlite:///{(Path(sweep.out_dir) / 'optuna.db').resolve()}"
-        db = sqlite_path(self.storage_url)
         if db is not None:     # SQLite does not create folders (MLflow's store does): made here, before any work
             try:
                 db.parent.mkdir(parents=True, exist_ok=True)
