@@ -122,6 +122,24 @@ def test_out_of_range_recipe_value_is_one_error_line(section, key, value, named,
     assert not out.exists() and not runs.exists()
 
 
+def test_a_run_that_diverges_exports_nothing(tmp_path, capsys):
+    """A learning rate the checks cannot call wrong (finite, positive) can still drive every loss to NaN: such a run
+    ends in one error line naming the loss and the knob, and --out is not written."""
+    import yaml
+
+    raw = yaml.safe_load(RECIPE.read_text())
+    raw["train"]["lr"] = 1e10
+    bad = tmp_path / "hot.yaml"
+    bad.write_text(yaml.safe_dump(raw))
+    out = tmp_path / "o"
+    with pytest.raises(SystemExit) as e:
+        run_cli(main, ["--quick", "--config", str(bad), "--out", str(out), "--cache-dir", str(tmp_path / "cache")])
+    assert e.value.code == 2
+    line = _one_error_line(capsys.readouterr().err)
+    assert line.startswith("error: training diverged: val/loss_") and "lower train.lr" in line
+    assert not out.exists()
+
+
 @pytest.mark.parametrize("name", ["target.yaml", "target_stage2.yaml", "target_stage3.yaml", "assistant.yaml"])
 def test_shipped_recipes_pass_the_range_checks(name):
     apply_quick(load_recipe(REPO / "experiments" / "configs" / name))

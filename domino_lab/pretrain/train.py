@@ -3,6 +3,7 @@ tokenizer, the Lightning run on a step and wall-clock budget, and the atomic fp1
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 import shutil
@@ -181,6 +182,11 @@ def train(recipe: TargetRecipe, out_dir: Path, runs_dir: Path, cache_dir=None, q
     fit_wall = time.time() - fit_start
     final_val = trainer.validate(module, datamodule=data, verbose=False)
     val = {k: float(v) for res in final_val for k, v in res.items()}
+    diverged = [k for k, v in val.items() if k.startswith("val/loss") and not math.isfinite(v)]
+    if diverged:       # a model whose loss is NaN or inf predicts nothing: exported, it would only mislead
+        raise UserError(f"training diverged: {diverged[0]} is {val[diverged[0]]} after {module.global_step} steps, "
+                        f"so nothing was exported; lower train.lr (now {recipe.train.lr}) or raise train.warmup_steps "
+                        f"(logs: {logger.log_dir})")
 
     meta = {
         "parameters": n_params,
