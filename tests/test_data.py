@@ -154,3 +154,16 @@ def test_unwritable_cache_dir_gives_one_clear_error(tmp_path):
 def test_bad_split_is_a_user_error(tmp_path):
     with pytest.raises(UserError, match="split"):
         load_code_corpus("validation", cache_dir=tmp_path)
+
+
+def test_text_shorter_than_one_window_is_one_error_naming_the_knob():
+    """A recipe whose seq_len outgrows its data (a tiny corpus, a long window) gets the key to change, not a bare
+    ValueError from the packing code."""
+    import numpy as np
+
+    from domino_lab.data.packing import FixedWindows, MixedWindows
+
+    with pytest.raises(UserError, match="code training text has 5 tokens, fewer than one window of data.seq_len 8"):
+        MixedWindows({"code": np.zeros(5, np.int32), "math": np.zeros(50, np.int32)}, 8, 0.5, 0)
+    with pytest.raises(UserError, match="held-out text has 3 tokens.*lower data.seq_len"):
+        FixedWindows(np.zeros(3, np.int32), 8, 2)

@@ -14,6 +14,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset
 from tqdm.auto import tqdm
 
 from domino_lab.data.tokenizer import EOS_TOKEN, MASK_TOKEN
+from domino_lab.errors import UserError
 
 DOMAINS = ("code", "math")
 
@@ -44,7 +45,8 @@ class MixedWindows(IterableDataset):
     def __init__(self, streams: dict[str, np.ndarray], seq_len: int, code_share: float, seed: int):
         for name, s in streams.items():
             if len(s) <= seq_len:
-                raise ValueError(f"{name} stream has {len(s)} tokens, fewer than one window of {seq_len}")
+                raise UserError(f"the {name} training text has {len(s)} tokens, fewer than one window of "
+                                f"data.seq_len {seq_len}: lower data.seq_len or give the recipe more {name} data")
         self.streams, self.seq_len, self.code_share, self.seed = streams, seq_len, code_share, seed
 
     def __iter__(self):
@@ -63,7 +65,8 @@ class FixedWindows(Dataset):
     def __init__(self, stream: np.ndarray, seq_len: int, n: int):
         self.windows = [stream[i * seq_len:(i + 1) * seq_len] for i in range(min(n, len(stream) // seq_len))]
         if not self.windows:
-            raise ValueError(f"held-out stream of {len(stream)} tokens is shorter than one window of {seq_len}")
+            raise UserError(f"the held-out text has {len(stream)} tokens, fewer than one window of data.seq_len "
+                            f"{seq_len}: lower data.seq_len or hold out more data")
 
     def __len__(self):
         return len(self.windows)
