@@ -317,7 +317,8 @@ def table(results: dict) -> str:
             ll = r.get("lossless")
             pos = " ".join(_fmt(a) for a in r.get("accept_pos", [])) or "–"
             lines.append(f"| {s} | {m} | {_fmt(r['tau'])} | {r['tokens_per_s']:.1f} | {_times(r.get('speedup_vs_ar'))} | "
-                         f"{_times(r.get('speedup_vs_hf'))} | {_fmt(r.get('draft_ms'))} | {_fmt(r.get('verify_ms'))} | "
+                         f"{_times(r.get('speedup_vs_hf'))} | {_fmt(r.get('draft_ms') if m != 'ar' else None)} | "
+                         f"{_fmt(r.get('verify_ms'))} | "
                          f"{_fmt(r.get('bound_vs_ar'))} | {_fmt(r.get('measured_over_bound'))} | "
                          f"{(str(ll['equal']) + '/' + str(ll['total'])) if ll else 'ref' if m == 'ar' else '–'} | "
                          f"{pos} |")
