@@ -7,6 +7,7 @@ drafter with its head switched off is a separate instance (the head flag is modu
 """
 from __future__ import annotations
 
+import copy
 import json
 import threading
 from dataclasses import dataclass
@@ -75,7 +76,8 @@ class Catalog:
         self._extra_drafters = list(extra_drafters)
         self._lock = threading.RLock()
         self._targets: dict = {}
-        self._drafters: dict = {}
+        self._drafters: dict = {}        # per setting: a light copy sharing the weights of _loaded's
+        self._loaded: dict = {}          # (target, drafter) -> the drafter loaded once
         self.refresh()
 
     # ---- what can be picked ----------------------------------------------------------------------
@@ -153,7 +155,8 @@ class Catalog:
         doesn't fit the target. `lookup` > 0 turns on lookup drafting, `tree_min_prob` > 0 prunes unlikely tree
         nodes, `adaptive` takes plain steps where drafting does not pay, `tree_sampled` draws tree children at T > 0
         (one cached drafter per setting: options are read by the engine during a decode, so concurrent requests
-        must not share a mutable one)."""
+        must not share a mutable one; each is a shallow copy of the one loaded drafter, sharing its weights, so a
+        setting costs a few attributes instead of the drafter's memory)."""
         entry = self.drafters.get(value)
         if entry is None:
             raise UserError(f"unknown drafter {value!r}; pick one from the list")
@@ -171,14 +174,21 @@ class Catalog:
 
                 try:
                     # full-vocabulary correction: the inspector's corrected top-k and ΔL bounds must be exact
-                    d = load_drafter(entry.spec, target, options=InferenceOptions(
-                        candidate_pool=0, lookup=lookup, tree_min_prob=tree_min_prob, adaptive_drafts=bool(adaptive),
-                        tree_sampled=bool(tree_sampled)))
+                    options = InferenceOptions(candidate_pool=0, lookup=lookup, tree_min_prob=tree_min_prob,
+                                               adaptive_drafts=bool(adaptive), tree_sampled=bool(tree_sampled))
+                    base = self._loaded.get(key[:2])
+                    if base is None:
+                        base = load_drafter(entry.spec, target, options=options).eval()
+                        if self.warmup and target.tokenizer is not None:
+                            speculative_generate(target, base, prompt_ids=[target.encode("a")[0]] * 4,
+                                                 max_new_tokens=8)
+                        self._loaded[key[:2]] = base
                 except UserError as e:
                     raise UserError(f"{e} (drafter {value!r}, target {target_value!r})") from None
-                d.eval()
+                # the modules, parameters and buffers are shared; the options and the head switch, which the engine
+                # reads from the drafter it is handed, are this copy's own
+                d = copy.copy(base)
+                d.options = options
                 d.head_enabled = bool(head_on)
-                if self.warmup and target.tokenizer is not None:
-                    speculative_generate(target, d, prompt_ids=[target.encode("a")[0]] * 4, max_new_tokens=8)
                 self._drafters[key] = d
             return self._drafters[key]

@@ -287,6 +287,15 @@ def test_catalog_accepts_only_known_names(app):
     assert cat.drafter("default", "default") is cat.drafter("default", "default")       # loaded once
     assert cat.drafter("default", "default", head_on=False).head_enabled is False
     assert cat.drafter("default", "default").head_enabled is True
+    # every setting is its own drafter object (the engine reads its options mid-decode), but the weights are loaded
+    # once: forty tree floors used to hold forty copies of the drafter (~37 MB each)
+    floors = [cat.drafter("default", "default", tree_min_prob=p / 1000) for p in range(1, 41)]
+    assert len({id(d) for d in floors}) == 40 and {d.options.tree_min_prob for d in floors} == {p / 1000 for p in
+                                                                                                 range(1, 41)}
+    weights = {id(p) for d in floors + [cat.drafter("default", "default", head_on=False, lookup=3)]
+               for p in d.parameters()}
+    assert weights == {id(p) for p in cat.drafter("default", "default").parameters()}
+    assert cat.drafter("default", "default").options.lookup == 0 and cat.drafter("default", "default").uses_head
 
 
 def test_app_still_serves_after_errors(app, client):
