@@ -13,7 +13,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from domino_lab.decoding import GenerationResult, StepRecord, speculative_generate
-from domino_lab.decoding.engine import check_adaptive_mode, check_tree_mode
+from domino_lab.decoding.engine import check_adaptive_mode, check_lookup_mode, check_tree_mode
 from domino_lab.decoding.lookup import MAX_NGRAM
 from domino_lab.errors import UserError
 from domino_lab.models.options import InferenceOptions
@@ -95,6 +95,7 @@ class Snapshot:
     plain: GenerationResult | None = None  # plain decoding of the same prompt, for the speedup
     head: str = "on"                       # on | off | n/a (DFlash) | plain
     n_drafts: int = 0
+    sampled: bool = False                  # T > 0: "identical to plain" then means plain decoding with the same seed
 
     @property
     def done(self) -> bool:
@@ -141,7 +142,8 @@ def stream(catalog, req: Request, min_interval: float = 0.05, measure_plain: boo
                               req.tree_sampled)
     if req.tree_nodes:
         check_tree_mode(drafter)
-    snap = Snapshot(req.target)
+    check_lookup_mode(drafter, req.lookup)      # (plain decoding would ignore it, and the record would still say it)
+    snap = Snapshot(req.target, sampled=req.temperature > 0)
     if drafter is None:
         snap.head = "plain"
     else:
@@ -202,7 +204,9 @@ def counters(snap: Snapshot) -> dict:
     out = {"status": "done" if snap.done else "decoding", "tokens": len(ids), "steps": n_steps,
            "tau": tau, "target_calls": (snap.result.target_forward_calls if snap.done else 1 + n_steps),
            "tokens_per_s": tps, "plain_tokens_per_s": None, "speedup": None, "identical_to_plain": None,
-           "head": snap.head}
+           "head": snap.head, "sampled": snap.sampled,
+           # why a finished decode stopped: an EOS, the tokens asked for, or a full context (fewer than asked)
+           "stop_reason": snap.result.stop_reason if snap.done else None}
     if snap.plain is not None and snap.plain.wall_time_s > 0:
         out["plain_tokens_per_s"] = snap.plain.tokens_per_s
         if tps:
@@ -356,8 +360,13 @@ def _fmt(x, spec: str, none: str = "–") -> str:
     return none if x is None else format(x, spec)
 
 
+STOPPED = {"eos": "the target wrote its end-of-text token", "max_new_tokens": "the tokens asked for",
+           "context_length": "the target's context is full (fewer tokens than asked)"}
+
+
 def counters_html(c: dict, title: str = "") -> str:
-    same = {None: "", True: '<div class="ok">✓ identical to plain greedy decoding</div>',
+    same = {None: "", True: '<div class="ok">✓ identical to plain '
+                            + ("decoding with the same seed" if c.get("sampled") else "greedy decoding") + "</div>",
             False: '<div class="warn">differs from plain decoding (expected only when sampling)</div>'}
     cards = [("τ so far", _fmt(c["tau"], ".2f")), ("tokens/s", _fmt(c["tokens_per_s"], ".1f")),
              ("target calls", str(c["target_calls"])), ("speedup vs plain", _fmt(c["speedup"], ".2f") + "×"),
@@ -366,7 +375,8 @@ def counters_html(c: dict, title: str = "") -> str:
     plain = (f'plain decoding of this prompt: {_fmt(c["plain_tokens_per_s"], ".1f")} tokens/s'
              if c["plain_tokens_per_s"] else "")
     head = f"<b>{html.escape(title)}</b> · " if title else ""
-    return (f'<div class="counters"><div class="cards">{body}</div><div class="sub">{head}{c["status"]} · '
+    status = c["status"] + (f' ({STOPPED[c["stop_reason"]]})' if c.get("stop_reason") in STOPPED else "")
+    return (f'<div class="counters"><div class="cards">{body}</div><div class="sub">{head}{status} · '
             f'{plain}</div>{same[c["identical_to_plain"]] if c["status"] == "done" else ""}</div>')
 
 

@@ -33,7 +33,7 @@ def _error(e: Exception) -> gr.Error:
     if isinstance(e, gr.Error):
         return e
     if isinstance(e, UserError):
-        return gr.Error(str(e))
+        return gr.Error(str(e), print_exception=False)      # bad input: one line for the user, no trace in the log
     log.exception("dashboard handler failed")
     return gr.Error(f"internal error ({type(e).__name__}: {e}); the server log has the details")
 
@@ -163,12 +163,12 @@ def build_demo(catalog: Catalog, examples: list[dict] | None = None, stream_inte
                 c_summary = _html(label="summary")
                 with gr.Row():
                     with gr.Column():
-                        gr.Markdown("### dflash (head off)")
+                        gr.Markdown("### left: no Domino head (the drafter named above its counters)")
                         l_counters = _html(COUNTERS_CSS, label="dflash counters")
                         l_chain = _chain(label="dflash chain")
                         l_bars = _bar_plot("acceptance per draft position: dflash")
                     with gr.Column():
-                        gr.Markdown("### domino (head on)")
+                        gr.Markdown("### right: Domino, head on")
                         r_counters = _html(COUNTERS_CSS, label="domino counters")
                         r_chain = _chain(label="domino chain")
                         r_bars = _bar_plot("acceptance per draft position: domino")
@@ -197,15 +197,17 @@ def build_demo(catalog: Catalog, examples: list[dict] | None = None, stream_inte
                 catalog.drafter(req.target, req.drafter, req.head_on, req.lookup, req.tree_min_prob, req.adaptive,
                                 req.tree_sampled)
                 wait = LEGEND + '<div class="chain empty">measuring plain decoding of this prompt…</div>'
-                yield (wait, "", "", None, gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip(),
-                       tree_html(None, texts))
+                # the inspector reads the session state: from here on it is this decode's, step by step, so what
+                # it shows after Stop (or mid-decode) is what the chain shows, never the previous decode
+                yield (wait, "", "", None, gr.skip(), None, "", None, gr.skip(), gr.skip(), tree_html(None, texts))
                 for snap in stream(catalog, req, min_interval=stream_interval):
                     shown = (chain_html(snap, texts), counters_html(counters(snap)),
                              texts.target.decode(snap.token_ids), record(snap, texts, req))
                     # while streaming only the newest trees (redrawing hundreds of them per step would dominate)
                     trees = tree_html(snap, texts, last=None if snap.done else 3)
                     if not snap.done:
-                        yield *shown, gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip(), trees
+                        so_far = {"target": req.target, "steps": list(snap.steps)}
+                        yield *shown, gr.skip(), so_far, gr.skip(), gr.skip(), gr.skip(), gr.skip(), trees
                         continue
                     steps = snap.steps
                     where = interesting_position(steps)

@@ -105,6 +105,7 @@ def test_streamed_decode_spans_equal_plain_greedy(app, client):
     assert all(r["counters"]["status"] == "decoding" for r in recs[:-1])
     c = rec["counters"]
     assert c["status"] == "done" and c["identical_to_plain"] is True and c["head"] == "on"
+    assert c["stop_reason"] == "max_new_tokens" and all(r["counters"]["stop_reason"] is None for r in recs[:-1])
     assert c["target_calls"] == len(rec["steps"]) + 1 and c["speedup"] > 0 and c["tokens_per_s"] > 0
 
     plain = _plain(app, app["prompt"])
@@ -116,6 +117,47 @@ def test_streamed_decode_spans_equal_plain_greedy(app, client):
     chain = final[0]
     assert 'class="tile acc"' in chain and 'class="tile rej"' in chain and 'class="tile bonus"' in chain
     assert abs(c["tau"] - len(plain[1:]) / len(rec["steps"])) < 1e-9
+
+
+def test_counters_say_why_a_decode_stopped_and_what_identical_means_when_sampled():
+    from app.decode import counters_html
+
+    c = {"tau": 2.0, "tokens_per_s": 10.0, "target_calls": 3, "speedup": 1.2, "tokens": 5, "head": "on",
+         "plain_tokens_per_s": 8.0, "status": "done", "identical_to_plain": True}
+    greedy = counters_html(c | {"sampled": False, "stop_reason": "eos"})
+    assert "identical to plain greedy decoding" in greedy and "end-of-text token" in greedy
+    sampled = counters_html(c | {"sampled": True, "stop_reason": "context_length"})
+    assert "identical to plain decoding with the same seed" in sampled and "greedy" not in sampled
+    assert "context is full (fewer tokens than asked)" in sampled
+
+
+def test_lookup_without_a_drafter_is_one_error(app, client):
+    from gradio_client.exceptions import AppError
+
+    with pytest.raises(AppError, match="lookup drafting copies text in place of a drafter's block"):
+        client.predict(*_decode_args("def f():", drafter="none", n=4), 0, 3, api_name="/decode")
+
+
+def test_the_inspector_follows_the_decode_on_screen_after_stop(app):
+    """The session's step records are the decode on screen from its first update on: after Stop (or mid-decode) the
+    inspector read the previous, finished decode's records and showed its tokens without a word."""
+    import time
+
+    from gradio_client import Client
+
+    c = Client(app["url"], verbose=False)
+    c.predict(*_decode_args("def add(a, b):", n=12), api_name="/decode")          # decode A, to the end
+    job = c.submit(*_decode_args(app["prompt"], n=200), api_name="/decode")       # decode B, stopped early
+    deadline = time.time() + 60
+    while len([o for o in job.outputs() if o[3]]) < 2 and time.time() < deadline:
+        time.sleep(0.05)
+    job.cancel()
+    time.sleep(0.5)
+    shown = [o[3] for o in job.outputs() if o[3]]
+    step1 = shown[-1]["steps"][0]
+    _, info = c.predict(1, 1, api_name="/inspect")
+    assert info["drafted"]["id"] == (step1["accepted"] + step1["rejected"])[0]
+    assert shown[-1]["counters"]["status"] == "decoding"            # it really was stopped before the end
 
 
 def test_inspector_base_vs_corrected_topk(app, client):
