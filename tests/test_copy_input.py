@@ -132,7 +132,7 @@ def test_warm_start_adds_a_copy_input(target):
     assert not any(k.startswith("copy_input") for k in taken)
     assert torch.equal(dst.backbone.layers[0].mlp.down_proj.weight, src.backbone.layers[0].mlp.down_proj.weight)
     assert torch.equal(dst.copy_input.proj.weight, torch.eye(32, dtype=dst.copy_input.proj.weight.dtype))
-    assert float(dst.copy_input.length.weight.abs().sum()) == float(dst.copy_input.record.weight.abs().sum()) == 0
+    assert dst.copy_input.length.weight.abs().sum().item() == dst.copy_input.record.weight.abs().sum().item() == 0
 
 
 def test_save_load_and_refusals(target, tmp_path):
