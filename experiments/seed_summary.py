@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from domino_lab.errors import CliParser, UserError, atomic_path, check_out_file, run_cli
-from domino_lab.evaluate import paired
+from domino_lab.evaluate import paired_pooled
 
 
 def summarize(runs: list[dict], a: str, b: str) -> dict:
@@ -26,16 +26,12 @@ def summarize(runs: list[dict], a: str, b: str) -> dict:
         names = sorted({n for r in runs for res in r["sets"].values() for n in res})
         raise UserError(f"no eval set has drafters {a!r} and {b!r} in every run; names: {names}")
     for s in sets:
-        ratios, pooled = [], {a: [], b: []}
-        for k, r in enumerate(runs):
-            res = r["sets"][s]
-            ratios.append(res[a]["tau"] / res[b]["tau"])
-            for name in (a, b):     # one pair per (seed, prompt): ids made unique per run
-                pooled[name] += [dict(p, id=f"{k}/{p['id']}") for p in res[name]["per_prompt"]]
-        pr = paired({"per_prompt": pooled[a], "tau": 1.0}, {"per_prompt": pooled[b], "tau": 1.0})
+        ratios = [r["sets"][s][a]["tau"] / r["sets"][s][b]["tau"] for r in runs]
+        # one difference per (seed, prompt); the interval is over the prompts (evaluate.paired_pooled)
+        pr = paired_pooled([(r["sets"][s][a], r["sets"][s][b]) for r in runs])
         out[s] = {"ratios": ratios, "ratio_mean": statistics.fmean(ratios),
                   "ratio_sd": statistics.stdev(ratios) if len(ratios) > 1 else 0.0,
-                  "pooled_diff": pr["mean_diff"], "pooled_ci95": pr["ci95"], "n": pr["n"],
+                  "pooled_diff": pr["mean_diff"], "pooled_ci95": pr["ci95"], "n": pr["n"], "prompts": pr["prompts"],
                   "wins": pr["wins"], "losses": pr["losses"]}
     return out
 

@@ -71,10 +71,10 @@ def options(item: str):
 
 
 def interval(xs: list[float]) -> tuple[float, float, float]:
-    """Mean of xs and its normal 95% interval (as the project's paired τ differences, evaluate.paired)."""
-    m = statistics.fmean(xs)
-    half = 1.96 * statistics.stdev(xs) / math.sqrt(len(xs)) if len(xs) > 1 else 0.0
-    return m, m - half, m + half
+    """Mean of xs and its 95% t-interval over the prompts (as the project's paired τ differences, evaluate.paired)."""
+    from domino_lab.evaluate import t_interval
+
+    return t_interval(xs)
 
 
 def run(args) -> dict:
@@ -119,8 +119,9 @@ def run(args) -> dict:
         logs = [math.log(tps[la][i] / tps[lb][i]) for i in range(len(ids))]
         m, lo, hi = interval(logs)
         set_tps = {lab: sum(tokens[lab]) / sum(wall[lab]) for lab in drafters}
-        # per prompt, committed tokens per verify step pooled over the rounds, and a's minus b's
-        tau = {lab: [t / max(1, n) for t, n in zip(tokens[lab], steps[lab])] for lab in drafters}
+        # per prompt, committed tokens per verify step pooled over the rounds (the prefill's token of each round is
+        # not a step's), and a's minus b's
+        tau = {lab: [(t - args.rounds) / max(1, n) for t, n in zip(tokens[lab], steps[lab])] for lab in drafters}
         dtau = interval([x - y for x, y in zip(tau[la], tau[lb])])
         out[s] = {"prompts": len(ids), "ratio_geomean": math.exp(m), "ci95": [math.exp(lo), math.exp(hi)],
                   "wins": sum(x > 0 for x in logs), "losses": sum(x < 0 for x in logs),

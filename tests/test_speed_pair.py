@@ -27,6 +27,9 @@ def test_speed_pair_reports_paired_ratios(tmp_path):
     assert res["tokens_per_s"]["dom"] == pytest.approx(tokens / sum(p["wall_s_dom"] for p in res["per_prompt"]))
     assert res["dtau"]["ci95"][0] <= res["dtau"]["mean"] <= res["dtau"]["ci95"][1]
     assert res["tau"]["dom"] - res["tau"]["dfl"] == pytest.approx(res["dtau"]["mean"])
+    # τ is committed tokens per verify step: each round's prefill token is no step's
+    want = [(p["tokens_dom"] - 2) / p["steps_dom"] for p in res["per_prompt"]]
+    assert res["tau"]["dom"] == pytest.approx(sum(want) / 3)
     assert "| math | 3 |" in (tmp_path / "r" / "speed_pair.md").read_text()
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import statistics
 
 from ..data.eval_sets import prompts_line
-from ..evaluate import paired
+from ..evaluate import paired_pooled
 from .spec import ExperimentSpec
 
 
@@ -23,19 +23,17 @@ def _config_value(cfg: dict, key: str):
 
 
 def pooled_pair(cell: dict, a: str, b: str) -> dict | None:
-    """Per-prompt τ_a − τ_b pooled over the seeds both variants have (a one-seed variant such as `ar` pairs with
-    every seed of the other)."""
+    """Per-prompt τ_a − τ_b pooled over the seeds both variants have (`evaluate.paired_pooled`). A one-seed
+    variant (`ar`, a shipped checkpoint, a run trained once) pairs with every seed of the other: its seed label ("0")
+    may also be one of the other's, and matching labels would then drop the other's remaining seeds."""
     if a not in cell or b not in cell:
         return None
     sa, sb = cell[a], cell[b]
-    seeds = sorted(set(sa) & set(sb)) or [(x, y) for x in sa for y in sb]
-    pa, pb, ratios = [], [], []
-    for k in seeds:
-        ka, kb = (k, k) if isinstance(k, str) else k
-        pa += [dict(p, id=f"{ka}/{kb}/{p['id']}") for p in sa[ka]["per_prompt"]]
-        pb += [dict(p, id=f"{ka}/{kb}/{p['id']}") for p in sb[kb]["per_prompt"]]
-        ratios.append(sa[ka]["tau"] / sb[kb]["tau"] if sb[kb]["tau"] else float("nan"))
-    pr = paired({"per_prompt": pa, "tau": 1.0}, {"per_prompt": pb, "tau": 1.0})
+    shared = sorted(set(sa) & set(sb))
+    seeds = ([(k, k) for k in shared] if shared and min(len(sa), len(sb)) > 1
+             else [(x, y) for x in sa for y in sb])
+    ratios = [sa[ka]["tau"] / sb[kb]["tau"] if sb[kb]["tau"] else float("nan") for ka, kb in seeds]
+    pr = paired_pooled([(sa[ka], sb[kb]) for ka, kb in seeds])
     return dict(pr, ratios=ratios, n_seed_pairs=len(seeds))
 
 

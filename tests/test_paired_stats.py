@@ -1,0 +1,52 @@
+"""The paired statistics every drafter comparison rests on (evaluate.paired_pooled, experiments.report.pooled_pair),
+checked on inputs whose answers are worked out by hand."""
+import math
+
+import pytest
+
+from domino_lab.evaluate import paired, paired_pooled, t_interval
+from domino_lab.experiments.report import pooled_pair
+
+
+def _res(taus: dict, steps: dict | None = None) -> dict:
+    rows = [{"id": k, "tau": v, "steps": (steps or {}).get(k, 4)} for k, v in taus.items()]
+    return {"per_prompt": rows, "tau": sum(taus.values()) / len(taus)}
+
+
+def test_the_interval_is_students_t_not_the_normal_one():
+    m, lo, hi = t_interval([1.0, 3.0])
+    # mean 2, sd sqrt(2), n 2: half-width t(0.975, 1) * sqrt(2) / sqrt(2) = 12.706
+    assert m == 2.0 and hi - m == pytest.approx(12.7062, abs=1e-3) and m - lo == pytest.approx(12.7062, abs=1e-3)
+    assert all(math.isnan(x) for x in t_interval([5.0])[1:])
+
+
+def test_prompts_are_the_units_of_a_pooled_interval():
+    """Three seeds of two prompts: six differences, but the interval is over the two prompts' means (a prompt's
+    differences across seeds move together), not over six independent rows."""
+    a = [_res({"p": 3.0 + s, "q": 1.0}) for s in range(3)]
+    b = [_res({"p": 2.0 + s, "q": 0.5}) for s in range(3)]
+    pr = paired_pooled(list(zip(a, b)))
+    assert pr["n"] == 6 and pr["prompts"] == 2 and pr["wins"] == 6
+    assert pr["mean_diff"] == pytest.approx(0.75)
+    m, lo, hi = t_interval([1.0, 0.5])
+    assert pr["ci95"] == pytest.approx([lo, hi])
+
+
+def test_a_prompt_with_no_steps_on_either_side_is_left_out_both_ways():
+    a, b = _res({"p": 0.0, "q": 3.0}, steps={"p": 0}), _res({"p": 2.0, "q": 2.0})
+    assert paired(a, b)["n"] == paired(b, a)["n"] == 1
+    assert paired(a, b)["mean_diff"] == -paired(b, a)["mean_diff"] == 1.0
+    assert paired(_res({"p": 1.0}, {"p": 0}), _res({"p": 1.0}))["n"] == 0     # nothing left: n 0, NaN interval
+
+
+def test_a_one_seed_variant_pairs_with_every_seed_of_the_other():
+    """`ar` and shipped checkpoints carry the seed label "0", which a three-seed variant has too: matching labels
+    paired the single seed with seed 0 only and dropped seeds 1 and 2."""
+    multi = {str(s): _res({"x": 3.0 + 2 * s, "y": 3.0 + 2 * s}) for s in range(3)}
+    single = {"0": _res({"x": 2.0, "y": 2.0})}
+    pr = pooled_pair({"m": multi, "s": single}, "m", "s")
+    assert pr["n_seed_pairs"] == 3 and pr["n"] == 6 and pr["mean_diff"] == pytest.approx(3.0)
+    # two multi-seed variants still pair seed by seed
+    other = {str(s): _res({"x": 1.0 + 2 * s, "y": 1.0 + 2 * s}) for s in range(3)}
+    pr = pooled_pair({"m": multi, "o": other}, "m", "o")
+    assert pr["n_seed_pairs"] == 3 and pr["mean_diff"] == pytest.approx(2.0) and pr["ratios"][0] == 3.0
