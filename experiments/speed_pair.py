@@ -43,6 +43,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--sampler-b", choices=SAMPLERS, default=None, help="--b's sampler when it differs from --a's")
     add_threads_arg(p)
     p.add_argument("--out", default=None, help="folder for speed_pair.{md,json} (default: print only)")
+    p.add_argument("--report", default=None, metavar="DIR",
+                   help="decode nothing: recompute DIR/speed_pair.{json,md} from the per-prompt counts saved there")
     a = p.parse_args(argv)
     for name in ("a", "b"):
         label, sep, spec = getattr(a, name).partition("=")
@@ -115,31 +117,61 @@ def run(args) -> dict:
                     tokens[lab][i] += len(res[lab].token_ids)
                     steps[lab][i] += len(res[lab].steps)
                 same.append(res[la].token_ids == res[lb].token_ids)
-        tps = {lab: [tokens[lab][i] / wall[lab][i] for i in range(len(ids))] for lab in drafters}
-        logs = [math.log(tps[la][i] / tps[lb][i]) for i in range(len(ids))]
-        m, lo, hi = interval(logs)
-        set_tps = {lab: sum(tokens[lab]) / sum(wall[lab]) for lab in drafters}
-        # per prompt, committed tokens per verify step pooled over the rounds (the prefill's token of each round is
-        # not a step's), and a's minus b's
-        tau = {lab: [(t - args.rounds) / max(1, n) for t, n in zip(tokens[lab], steps[lab])] for lab in drafters}
-        dtau = interval([x - y for x, y in zip(tau[la], tau[lb])])
-        out[s] = {"prompts": len(ids), "ratio_geomean": math.exp(m), "ci95": [math.exp(lo), math.exp(hi)],
-                  "wins": sum(x > 0 for x in logs), "losses": sum(x < 0 for x in logs),
-                  "set_ratio": set_tps[la] / set_tps[lb], "tokens_per_s": set_tps,
-                  "tau": {lab: statistics.fmean(tau[lab]) for lab in drafters},
-                  "dtau": {"mean": dtau[0], "ci95": [dtau[1], dtau[2]]},
-                  "identical": all(same) if check_same else None,
-                  "per_prompt": [{"id": p.get("id", str(i)),
-                                  **{f"{k}_{lab}": v[lab][i] for lab in drafters
-                                     for k, v in (("tokens", tokens), ("wall_s", wall), ("steps", steps))}}
-                                 for i, p in enumerate(prompts)]}
+        per_prompt = [{"id": p.get("id", str(i)),
+                       **{f"{k}_{lab}": v[lab][i] for lab in drafters
+                          for k, v in (("tokens", tokens), ("wall_s", wall), ("steps", steps))}}
+                      for i, p in enumerate(prompts)]
+        out[s] = summarize(per_prompt, la, lb, args.rounds, all(same) if check_same else None)
     return out
+
+
+def summarize(per_prompt: list[dict], la: str, lb: str, rounds: int, identical: bool | None) -> dict:
+    """A set's result from its per-prompt counts (tokens, wall seconds and verify steps of each label, summed over
+    the rounds): what `run` measured, and what `--report` recomputes from a saved JSON."""
+    col = {lab: {k: [p[f"{k}_{lab}"] for p in per_prompt] for k in ("tokens", "wall_s", "steps")} for lab in (la, lb)}
+    tps = {lab: [t / w for t, w in zip(c["tokens"], c["wall_s"])] for lab, c in col.items()}
+    logs = [math.log(x / y) for x, y in zip(tps[la], tps[lb])]
+    m, lo, hi = interval(logs)
+    set_tps = {lab: sum(c["tokens"]) / sum(c["wall_s"]) for lab, c in col.items()}
+    # per prompt, committed tokens per verify step pooled over the rounds (the prefill's token of each round is not
+    # a step's), and a's minus b's
+    tau = {lab: [(t - rounds) / max(1, n) for t, n in zip(c["tokens"], c["steps"])] for lab, c in col.items()}
+    dtau = interval([x - y for x, y in zip(tau[la], tau[lb])])
+    return {"prompts": len(per_prompt), "ratio_geomean": math.exp(m), "ci95": [math.exp(lo), math.exp(hi)],
+            "wins": sum(x > 0 for x in logs), "losses": sum(x < 0 for x in logs),
+            "set_ratio": set_tps[la] / set_tps[lb], "tokens_per_s": set_tps,
+            "tau": {lab: statistics.fmean(tau[lab]) for lab in (la, lb)},
+            "dtau": {"mean": dtau[0], "ci95": [dtau[1], dtau[2]]}, "identical": identical, "per_prompt": per_prompt}
+
+
+def report(folder: str) -> int:
+    """Recompute FOLDER/speed_pair.{json,md} from the per-prompt counts the JSON holds (after a change to how a
+    summary is computed); the measurements themselves are not touched."""
+    path = Path(folder) / "speed_pair.json"
+    try:
+        saved = json.loads(path.read_text())
+        meta = saved["meta"]
+        la, lb = meta["a"].partition("=")[0], meta["b"].partition("=")[0]
+        res = {s: summarize(r["per_prompt"], la, lb, meta["rounds"], r["identical"])
+               for s, r in saved["results"].items()}
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise UserError(f"--report {folder}: no speed_pair.json with per-prompt counts to recompute from (missing "
+                        f"{e}; folders written before the counts were saved cannot be recomputed)") from None
+    meta["recomputed"] = time.strftime("%Y-%m-%d %H:%M")
+    with atomic_path(path) as t:
+        t.write_text(json.dumps({"meta": meta, "results": res}, indent=1))
+    with atomic_path(Path(folder) / "speed_pair.md") as t:
+        t.write_text(markdown(res, la, lb, meta))
+    return 0
 
 
 def markdown(res: dict, la: str, lb: str, meta: dict) -> str:
     lines = [f"# Tokens/s of {la} over {lb}, paired per prompt", "", f"`{meta['command']}`", "",
              f"{meta['machine']}; {meta['date']}; {meta['wall_s']} s; {meta['rounds']} rounds, alternating order; "
-             f"{_mode(meta)}, {meta['max_new_tokens']} new tokens", "",
+             f"{_mode(meta)}, {meta['max_new_tokens']} new tokens"
+             + (f"; summary recomputed {meta['recomputed']} from the saved counts" if "recomputed" in meta else ""),
+             "", "τ: committed tokens per verify step of each prompt (the prefill's token left out), averaged over "
+             "the prompts; CIs: Student t over the prompts.", "",
              f"| set | prompts | τ {la} | τ {lb} | per prompt {la} ÷ {lb} (geometric mean) | 95% CI | wins / losses "
              f"| over the set | tokens/s {la} | tokens/s {lb} | Δτ per prompt (95% CI) | same tokens |",
              "|" + "---|" * 12]
@@ -167,6 +199,8 @@ def _same(identical: bool | None) -> str:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.report:
+        return report(args.report)
     from domino_lab.target import machine_line
 
     started = time.time()

@@ -50,3 +50,12 @@ def test_a_one_seed_variant_pairs_with_every_seed_of_the_other():
     other = {str(s): _res({"x": 1.0 + 2 * s, "y": 1.0 + 2 * s}) for s in range(3)}
     pr = pooled_pair({"m": multi, "o": other}, "m", "o")
     assert pr["n_seed_pairs"] == 3 and pr["mean_diff"] == pytest.approx(2.0) and pr["ratios"][0] == 3.0
+
+
+def test_the_same_run_decoded_two_ways_pairs_seed_by_seed():
+    """A variant of the same trained drafters restricted to seed 0 (say with an FR-Spec list) compares with seed 0
+    of the full variant only: the other seeds are other drafters, not the same one decoded another way."""
+    full = {str(s): _res({"x": 3.0 + s, "y": 3.0 + s}) for s in range(3)}
+    restricted = {"0": _res({"x": 2.5, "y": 2.5})}
+    pr = pooled_pair({"r": restricted, "f": full}, "r", "f", same_run=True)
+    assert pr["n_seed_pairs"] == 1 and pr["n"] == 2 and pr["mean_diff"] == pytest.approx(-0.5)

@@ -31,6 +31,16 @@ def test_speed_pair_reports_paired_ratios(tmp_path):
     want = [(p["tokens_dom"] - 2) / p["steps_dom"] for p in res["per_prompt"]]
     assert res["tau"]["dom"] == pytest.approx(sum(want) / 3)
     assert "| math | 3 |" in (tmp_path / "r" / "speed_pair.md").read_text()
+    # --report recomputes the summary from the saved per-prompt counts alone, to the same numbers
+    assert mod.main(["--report", str(tmp_path / "r")]) == 0
+    again = json.loads((tmp_path / "r" / "speed_pair.json").read_text())
+    assert json.dumps(again["results"]["math"], sort_keys=True) == json.dumps(res, sort_keys=True)
+    assert "recomputed" in again["meta"]
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "speed_pair.json").write_text(json.dumps({"meta": again["meta"], "results": {"math": {
+        "per_prompt": [{"id": "a"}], "identical": True}}}))
+    with pytest.raises(UserError, match="no speed_pair.json with per-prompt counts"):
+        mod.main(["--report", str(tmp_path / "old")])
 
 
 def test_speed_pair_samples_at_a_temperature_with_options(tmp_path):

@@ -22,15 +22,17 @@ def _config_value(cfg: dict, key: str):
     return node
 
 
-def pooled_pair(cell: dict, a: str, b: str) -> dict | None:
+def pooled_pair(cell: dict, a: str, b: str, same_run: bool = False) -> dict | None:
     """Per-prompt τ_a − τ_b pooled over the seeds both variants have (`evaluate.paired_pooled`). A one-seed
     variant (`ar`, a shipped checkpoint, a run trained once) pairs with every seed of the other: its seed label ("0")
-    may also be one of the other's, and matching labels would then drop the other's remaining seeds."""
+    may also be one of the other's, and matching labels would then drop the other's remaining seeds. `same_run`:
+    both are the same trained drafters decoded two ways (one perhaps on fewer seeds), so seed k pairs with seed k
+    only."""
     if a not in cell or b not in cell:
         return None
     sa, sb = cell[a], cell[b]
     shared = sorted(set(sa) & set(sb))
-    seeds = ([(k, k) for k in shared] if shared and min(len(sa), len(sb)) > 1
+    seeds = ([(k, k) for k in shared] if shared and (same_run or min(len(sa), len(sb)) > 1)
              else [(x, y) for x in sa for y in sb])
     ratios = [sa[ka]["tau"] / sb[kb]["tau"] if sb[kb]["tau"] else float("nan") for ka, kb in seeds]
     pr = paired_pooled([(sa[ka], sb[kb]) for ka, kb in seeds])
@@ -68,10 +70,12 @@ def tables(spec: ExperimentSpec, results: dict, trained: dict, extras: dict) -> 
     if spec.compare:
         lines += ["### Paired per-prompt differences (pooled over seeds)", "",
                   "| a − b | set | T | τ ratio per seed | Δτ (95% CI) | n | wins/losses |", "|---|---|---|---|---|---|---|"]
+        run = {v.name: v.run for v in spec.variants}
         for a, b in spec.compare:
+            same_run = run.get(a) is not None and run.get(a) == run.get(b)
             for s, temps in results.items():
                 for temp, cell in temps.items():
-                    pr = pooled_pair(cell, a, b)
+                    pr = pooled_pair(cell, a, b, same_run)
                     if not pr or not pr.get("n"):
                         continue
                     lines.append(f"| {a} − {b} | {s} | {temp} | {' '.join(f'{x:.3f}' for x in pr['ratios'])} | "
