@@ -59,3 +59,19 @@ def test_the_same_run_decoded_two_ways_pairs_seed_by_seed():
     restricted = {"0": _res({"x": 2.5, "y": 2.5})}
     pr = pooled_pair({"r": restricted, "f": full}, "r", "f", same_run=True)
     assert pr["n_seed_pairs"] == 1 and pr["n"] == 2 and pr["mean_diff"] == pytest.approx(-0.5)
+
+
+def test_per_position_acceptance_counts_the_drafts_the_target_judged():
+    """P(accepted | reached): the accepted drafts and the first rejected one are reached; after an accepted EOS (the
+    step's bonus None) the text ended, so the drafts after it were never judged and count for nothing."""
+    from domino_lab.decoding.metrics import StepTally
+    from domino_lab.decoding.records import StepRecord
+
+    def step(drafts, accepted, bonus):
+        return StepRecord(start=0, anchor=5, draft_tokens=drafts, accepted=accepted, bonus=bonus,
+                          committed=drafts[:accepted] + ([bonus] if bonus is not None else []))
+
+    t = StepTally().add([step([7, 8, 9, 10], 1, 4),          # d1 accepted, d2 rejected
+                         step([7, 0, 9, 10], 2, None)])       # d1 accepted, d2 = EOS (0) accepted: the text ended
+    assert t.accept_pos == [1.0, 0.5, None, None]
+    assert t.tau == pytest.approx((2 + 2) / 2)

@@ -45,7 +45,9 @@ class StepTally:
                 grow = len(s.draft_tokens) - len(self.reached)
                 self.reached += [0] * grow
                 self.accepted += [0] * grow
-            for i in range(min(len(s.draft_tokens), s.accepted + 1)):
+            # the drafts the target judged: the accepted ones and the first rejected one, except after an accepted
+            # EOS (bonus None), where the text ended and the drafts after it were never judged
+            for i in range(min(len(s.draft_tokens), s.accepted + (s.bonus is not None))):
                 self.reached[i] += 1
                 self.accepted[i] += int(i < s.accepted)
         return self
