@@ -557,6 +557,30 @@ def test_head_only_and_warm_start_errors(tiny, tmp_path):
         drafter_config(load_config(TrainConfig, None, [f"drafter.init_from={tmp_path / 'nothing'}"]).drafter, target)
 
 
+def test_warm_starts_from_a_release_export_and_into_another_frspec_size(tiny, tmp_path):
+    """A release-layout export names its fields otherwise: the warm start reads it as from_pretrained does and takes
+    its taps and label convention (it took the recipe's, and trained layer-2 weights on tap 1). A source without an
+    FR-Spec list, or with one of another size, leaves the list to be made from the data (it was refused)."""
+    from domino_lab.models.export import export_drafter
+    from domino_lab.target import Target
+    from domino_lab.training.config import drafter_config
+    from domino_lab.training.module import DrafterModule
+
+    target = Target.from_pretrained(tiny[0])
+    src = Drafter.untrained(target, "domino", target_layer_ids=[2], shift_label=False, rank=16, gru_hidden=32)
+    export_drafter(src, "domino", tmp_path / "rel")
+    cfg = load_config(TrainConfig, None, base_args(tiny, tmp_path / "a") + [f"drafter.init_from={tmp_path / 'rel'}"])
+    dcfg = drafter_config(cfg.drafter, target)
+    assert dcfg.target_layer_ids == [2] and dcfg.shift_label is False
+    module = DrafterModule(cfg, dcfg, target)
+    assert torch.equal(module.drafter.backbone.fc.weight, src.backbone.fc.weight)
+    src.save_pretrained(tmp_path / "own")                     # no FR-Spec list
+    cfg = load_config(TrainConfig, None, base_args(tiny, tmp_path / "b") + [f"drafter.init_from={tmp_path / 'own'}",
+                                                                            "drafter.frspec_k=16"])
+    module = DrafterModule(cfg, drafter_config(cfg.drafter, target), target)
+    assert "frspec_ids" not in module.warm_started and module.drafter.config.frspec_k == 16
+
+
 def test_the_progress_bar_of_step_limited_training_shows_no_epoch_limit():
     """Training ends at max_steps, so Lightning holds max_epochs = -1, and its rich bar would read "Epoch 0/-2"."""
     from types import SimpleNamespace

@@ -36,14 +36,20 @@ DrafterOverrides = _drafter_overrides()
 HEAD_FIELDS = ("method", "gru_hidden", "rank", "correct_first", "frspec_k", "copy_ngram")
 
 
-def init_source_config(spec: str) -> dict:
-    """config.json of the drafter `init_from` names (a shipped name or a drafter directory), without its weights."""
+def init_source_config(spec: str, target=None) -> dict:
+    """config.json of the drafter `init_from` names (a shipped name or a drafter directory), without its weights.
+    Given the target, an export in a release layout is read as `Drafter.from_pretrained` reads it (its fields are
+    nested and named otherwise, and some follow from its weights), so a warm start takes that drafter's layers,
+    taps and label convention, not the recipe's."""
     import json
     from pathlib import Path
 
     from ..models.drafter import SHIPPED_DRAFTERS
+    from ..models.export import is_release_dir, load_release
 
     path = SHIPPED_DRAFTERS.get(str(spec), Path(spec))
+    if target is not None and is_release_dir(path):
+        return json.loads(load_release(path, target).config.to_json())
     try:
         return json.loads((Path(path) / "config.json").read_text())
     except (OSError, ValueError) as e:
@@ -61,7 +67,7 @@ def drafter_config(overrides, target) -> DrafterConfig:
     over = {k: v for k, v in dataclasses.asdict(overrides).items()
             if v is not None and k not in ("num_taps", "init_from")}
     if overrides.init_from:
-        src = init_source_config(overrides.init_from)
+        src = init_source_config(overrides.init_from, target)
         names = {f.name for f in dataclasses.fields(DrafterConfig)} - {"target_fingerprint"} - set(HEAD_FIELDS)
         over = {**over, **{k: v for k, v in src.items() if k in names}}
     if "target_layer_ids" not in over:
