@@ -121,11 +121,11 @@ def train(cfg, resume: bool = False, extra_callbacks=None, logger=None, target=N
 def _train(cfg, resume: bool, extra_callbacks, logger, target) -> dict:
     import lightning.pytorch as pl
     import torch
-    from lightning.pytorch.callbacks import ModelCheckpoint, OnExceptionCheckpoint
+    from lightning.pytorch.callbacks import OnExceptionCheckpoint
 
     from .target import Target
     from .training.devices import parse_devices, quiet_lightning
-    from .training.callbacks import ExportBest, step_progress_bar
+    from .training.callbacks import ExportBest, StepCheckpoint, step_progress_bar
     from .training.config import drafter_config
     from .training.datamodule import DrafterDataModule
     from .training.module import DrafterModule
@@ -186,8 +186,8 @@ def _train(cfg, resume: bool, extra_callbacks, logger, target) -> dict:
         logger = make_logger(cfg.tracking_uri, cfg.experiment, cfg.run_name or out_dir.name, out_dir, resume,
                              tags={"method": dcfg.method})
     best = ExportBest(out_dir / "best")
-    callbacks = [ModelCheckpoint(dirpath=ckpt_dir, every_n_train_steps=cfg.checkpoint_every_n_steps,
-                                 save_last=True, save_top_k=0),
+    callbacks = [StepCheckpoint(dirpath=ckpt_dir, every_n_train_steps=cfg.checkpoint_every_n_steps,
+                                save_last=True, save_top_k=0, validate_every=cfg.eval.every_n_steps),
                  OnExceptionCheckpoint(ckpt_dir), best] + list(extra_callbacks or [])
     if cfg.progress_bar:
         callbacks += step_progress_bar()

@@ -250,6 +250,30 @@ def test_killed_run_resumes_without_repeating_steps(tiny, tmp_path):
     assert len(steps) == len(set(steps)) == 60, sorted(steps)
 
 
+def test_a_step_that_validates_is_checkpointed_after_its_validation(tiny, tmp_path):
+    """A run killed after a step's checkpoint and before its validation used to resume past that validation: the
+    checkpoint was written first, so best/ never judged those weights (with steps = validation interval = checkpoint
+    interval, as in the prose recipes, a resumed run ended with no best/ at all). Now the checkpoint of a validating
+    step is written after the validation and holds its result; resuming from it validates nothing again."""
+    import torch as _torch
+
+    from domino_lab.train import main
+
+    out = tmp_path / "run"
+    args = quick_args(tiny, out, steps=4, every=4, ckpt_every=4)
+    assert main(args) == 0
+    first = json.loads((out / "result.json").read_text())
+    assert first["best_tau"] is not None
+    ckpt = _torch.load(out / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    best = [v for k, v in ckpt["callbacks"].items() if "ExportBest" in k]
+    assert best and best[0]["best"].get("val/tau") == first["best_tau"]
+    # what a run killed right after that checkpoint resumes from: the best drafter and its numbers come back
+    (out / "result.json").unlink()
+    assert main(args + ["--resume"]) == 0
+    again = json.loads((out / "result.json").read_text())
+    assert again["best_tau"] == first["best_tau"] and again["steps"] == 4
+
+
 def quick_args(tiny, out, steps, every=100, ckpt_every=4):
     """A few fast steps: a small head, one short val/tau prompt."""
     tdir, data = tiny

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from lightning.pytorch.callbacks import Callback, RichProgressBar
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint, RichProgressBar
 
 KEPT = ("val/tau", "val/draft_ms", "val/verify_ms")
 
@@ -32,6 +32,37 @@ class ExportBest(Callback):
 
     def load_state_dict(self, state):
         self.best = state.get("best", {})
+
+
+class StepCheckpoint(ModelCheckpoint):
+    """A checkpoint every N optimiser steps; one whose step also validates is written after that validation.
+
+    Lightning writes a step checkpoint in `on_train_batch_end`, before the validation the same step runs, and a run
+    resumed from it treats that step, validation included, as done: the validation never happens, so ExportBest (whose
+    state is in the checkpoint) never judges those weights, and `best/` could end up a later, worse drafter or
+    missing. Written after the validation, the checkpoint holds its result, and Lightning, resuming from a save made
+    at validation end, does not validate the step again."""
+
+    def __init__(self, *args, validate_every: int, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.validate_every = validate_every
+        self._deferred = False
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        step = trainer.global_step
+        n = self._every_n_train_steps
+        if n and step % n == 0 and step % self.validate_every == 0 and not self._should_skip_saving_checkpoint(trainer):
+            self._deferred = True         # this step validates: save once that has run
+            return
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+
+    def on_validation_end(self, trainer, pl_module):
+        super().on_validation_end(trainer, pl_module)
+        if self._deferred and not trainer.sanity_checking:
+            self._deferred = False
+            candidates = self._monitor_candidates(trainer)
+            self._save_topk_checkpoint(trainer, candidates)
+            self._save_last_checkpoint(trainer, candidates)
 
 
 class StepProgressBar(RichProgressBar):
