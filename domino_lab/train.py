@@ -121,11 +121,10 @@ def train(cfg, resume: bool = False, extra_callbacks=None, logger=None, target=N
 def _train(cfg, resume: bool, extra_callbacks, logger, target) -> dict:
     import lightning.pytorch as pl
     import torch
-    from lightning.pytorch.callbacks import OnExceptionCheckpoint
 
     from .target import Target
     from .training.devices import parse_devices, quiet_lightning
-    from .training.callbacks import ExportBest, StepCheckpoint, step_progress_bar
+    from .training.callbacks import BoundaryExceptionCheckpoint, ExportBest, StepCheckpoint, step_progress_bar
     from .training.config import drafter_config
     from .training.datamodule import DrafterDataModule
     from .training.module import DrafterModule
@@ -188,7 +187,7 @@ def _train(cfg, resume: bool, extra_callbacks, logger, target) -> dict:
     best = ExportBest(out_dir / "best")
     callbacks = [StepCheckpoint(dirpath=ckpt_dir, every_n_train_steps=cfg.checkpoint_every_n_steps,
                                 save_last=True, save_top_k=0, validate_every=cfg.eval.every_n_steps),
-                 OnExceptionCheckpoint(ckpt_dir), best] + list(extra_callbacks or [])
+                 BoundaryExceptionCheckpoint(ckpt_dir, cfg.eval.every_n_steps), best] + list(extra_callbacks or [])
     if cfg.progress_bar:
         callbacks += step_progress_bar()
     accel = cfg.accelerator
@@ -246,9 +245,12 @@ def main(argv=None) -> int:
     try:
         result = train(cfg, resume=resume)
     except SIGTERMException:
-        # Lightning saved on_exception.ckpt (OnExceptionCheckpoint); say how to continue, exit like a killed job
-        print(f"error: training stopped by SIGTERM; continue it with the same command plus --resume "
-              f"(state in {cfg.out_dir}/checkpoints)", file=sys.stderr)
+        # say how to continue (from on_exception.ckpt, or the last periodic checkpoint when the SIGTERM came during a
+        # validation: BoundaryExceptionCheckpoint), exit like a killed job
+        ckpt_dir = Path(cfg.out_dir) / "checkpoints"
+        how = (f"continue it with the same command plus --resume (state in {ckpt_dir})" if latest_checkpoint(ckpt_dir)
+               else "it had no checkpoint yet: run the same command again, without --resume")
+        print(f"error: training stopped by SIGTERM; {how}", file=sys.stderr)
         return 143
     from lightning.pytorch.utilities import rank_zero_only
 

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from lightning.pytorch.callbacks import Callback, ModelCheckpoint, RichProgressBar
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint, OnExceptionCheckpoint, RichProgressBar
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 KEPT = ("val/tau", "val/draft_ms", "val/verify_ms")
 
@@ -32,6 +33,23 @@ class ExportBest(Callback):
 
     def load_state_dict(self, state):
         self.best = state.get("best", {})
+
+
+class BoundaryExceptionCheckpoint(OnExceptionCheckpoint):
+    """`on_exception.ckpt` only where a run can be resumed exactly: a SIGTERM, which Lightning raises between steps,
+    outside a validation and not at a step that validates. An error inside a step (an OOM in backward), a Ctrl-C, or a
+    SIGTERM during or just before a validation would be saved mid-step or with that validation pending, and Lightning
+    resumes such a state one step off or past the validation; those runs resume from the last periodic checkpoint
+    (StepCheckpoint) instead, repeating the steps since."""
+
+    def __init__(self, dirpath, validate_every: int):
+        super().__init__(dirpath)
+        self.validate_every = validate_every
+
+    def on_exception(self, trainer, pl_module, exception):
+        if (isinstance(exception, SIGTERMException) and not trainer.validating
+                and trainer.global_step % self.validate_every):
+            super().on_exception(trainer, pl_module, exception)
 
 
 class StepCheckpoint(ModelCheckpoint):
