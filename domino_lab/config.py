@@ -206,3 +206,21 @@ def load_config(cls: type[T], path: str | Path | None = None, overrides: list[st
 
 def to_dict(cfg) -> dict:
     return dataclasses.asdict(cfg)
+
+
+def flat_keys(d: dict, prefix: str = "") -> dict:
+    """A nested config as flat `a.b: value` pairs, the keys overrides use (tuples as lists, as JSON and YAML give
+    them back)."""
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(flat_keys(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = list(v) if isinstance(v, tuple) else v
+    return out
+
+
+def changed_keys(old: dict, new: dict) -> list[str]:
+    """The keys of two flat configs whose values differ, sorted. A key only one side has is an option added or
+    removed by another domino_lab version, no conflict."""
+    return [k for k in sorted(old) if k in new and old[k] != new[k]]

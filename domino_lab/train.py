@@ -59,22 +59,14 @@ def read_checkpoint_head(ckpt: Path) -> dict:
                         "checkpoint in that folder, if any, or train into a new out_dir") from None
 
 
-def _flat(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(_flat(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = list(v) if isinstance(v, tuple) else v
-    return out
-
-
 def check_same_config(saved: dict, now: dict, section: str, ckpt: Path) -> None:
     """A resumed run continues one MLflow run, whose parameters cannot change, with one optimiser state: its
     config must be the checkpoint's. Names every value that differs (a key only one side has, e.g. an option added
     since the checkpoint was written, is no conflict)."""
-    a, b = _flat(saved), _flat(now)
-    diff = [k for k in sorted(a) if k in b and a[k] != b[k]]
+    from .config import changed_keys, flat_keys
+
+    a, b = flat_keys(saved), flat_keys(now)
+    diff = changed_keys(a, b)
     if diff:
         pre = "" if section == "train" else f"{section}."
         shown = "; ".join(f"{pre}{k} was {a.get(k)!r}, now {b.get(k)!r}" for k in diff[:4])

@@ -6,7 +6,7 @@
 Greedy decoding is lossless, so both drafters emit the same tokens for a prompt and the ratio of their tokens/s on
 it is the ratio of their wall times. Every prompt is decoded by both in every round, the order alternating by prompt
 and round, so a slow spell of the machine falls on both. A prompt's ratio is a's tokens/s over b's, each pooled over
-all rounds; the summary is the geometric mean over prompts with a normal 95% interval on the log ratios, and the
+all rounds; the summary is the geometric mean over prompts with a Student-t 95% interval on the log ratios, and the
 wins. A set's tokens/s over all its prompts (the bench's number) weighs long slow prompts more; it is reported
 beside. With --temperature T > 0 round r samples with seed r for both drafters: their texts then differ (each is an
 exact sample of the target), so a prompt's tokens/s pools every round's samples, and τ says how much each drafter
@@ -72,13 +72,6 @@ def options(item: str):
     return with_options(InferenceOptions(), item.partition("=")[2].partition("@")[2], item)
 
 
-def interval(xs: list[float]) -> tuple[float, float, float]:
-    """Mean of xs and its 95% t-interval over the prompts (as the project's paired τ differences, evaluate.paired)."""
-    from domino_lab.evaluate import t_interval
-
-    return t_interval(xs)
-
-
 def run(args) -> dict:
     from domino_lab import Target, speculative_generate
     from domino_lab.data.eval_sets import load_eval_set
@@ -128,15 +121,17 @@ def run(args) -> dict:
 def summarize(per_prompt: list[dict], la: str, lb: str, rounds: int, identical: bool | None) -> dict:
     """A set's result from its per-prompt counts (tokens, wall seconds and verify steps of each label, summed over
     the rounds): what `run` measured, and what `--report` recomputes from a saved JSON."""
+    from domino_lab.evaluate import t_interval      # (torch: not loaded for --help)
+
     col = {lab: {k: [p[f"{k}_{lab}"] for p in per_prompt] for k in ("tokens", "wall_s", "steps")} for lab in (la, lb)}
     tps = {lab: [t / w for t, w in zip(c["tokens"], c["wall_s"])] for lab, c in col.items()}
     logs = [math.log(x / y) for x, y in zip(tps[la], tps[lb])]
-    m, lo, hi = interval(logs)
+    m, lo, hi = t_interval(logs)
     set_tps = {lab: sum(c["tokens"]) / sum(c["wall_s"]) for lab, c in col.items()}
     # per prompt, committed tokens per verify step pooled over the rounds (the prefill's token of each round is not
     # a step's), and a's minus b's
     tau = {lab: [(t - rounds) / max(1, n) for t, n in zip(c["tokens"], c["steps"])] for lab, c in col.items()}
-    dtau = interval([x - y for x, y in zip(tau[la], tau[lb])])
+    dtau = t_interval([x - y for x, y in zip(tau[la], tau[lb])])
     return {"prompts": len(per_prompt), "ratio_geomean": math.exp(m), "ci95": [math.exp(lo), math.exp(hi)],
             "wins": sum(x > 0 for x in logs), "losses": sum(x < 0 for x in logs),
             "set_ratio": set_tps[la] / set_tps[lb], "tokens_per_s": set_tps,

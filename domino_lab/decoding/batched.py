@@ -66,8 +66,8 @@ def check_batched_mode(drafter, temperature: float, top_p: float = 1.0, sampler:
                         "cannot hold ragged rows); decode it one sequence at a time (speculative_generate)")
     if drafter is not None and drafter.options.block_size is not None:
         raise UserError("batched decoding drafts the drafter's whole block and chooses each step's draft count with "
-                        "its batch-drafts policy; a block size is an option of one-sequence decoding: clear it "
-                        "(block_size None) or decode one sequence at a time")
+                        "its batch-drafts policy; a block size is an option of one-sequence decoding: drop it "
+                        "(--block-size, block_size=None) or decode one sequence at a time (without --batched)")
     target = target if target is not None else drafter.target if drafter is not None else None
     if target is not None:
         check_layers(target.model.config, "batched decoding", rows=True)

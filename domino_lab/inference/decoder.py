@@ -90,10 +90,10 @@ def check_batched(drafter, tree_nodes: int, temperature: float, sampler: str, bl
     if tree_nodes:
         raise UserError("batched inference verifies chains; tree verification decodes one sequence at a time: "
                         "drop --batched or use --tree-nodes 0")
-    opts = drafter.options if drafter is not None else None
-    if block_size is not None or (opts is not None and opts.block_size is not None):
+    if block_size is not None:      # (a block size among the drafter's options: check_batched_mode)
         raise UserError("batched inference drafts the drafter's own block: drop --block-size or --batched")
     check_batched_mode(drafter, temperature, sampler=sampler)
+    opts = drafter.options if drafter is not None else None
     if opts is not None and opts.draft_cutoff:
         raise UserError("the draft cutoff is a one-sequence option; batched inference chooses its draft count per "
                         "step itself: drop --draft-cutoff or --batched")

@@ -8,7 +8,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..config import RUNS_PREFIX, default_runs_dir, load_config, path_field, repo_root
+from ..config import RUNS_PREFIX, changed_keys, default_runs_dir, flat_keys, load_config, path_field, repo_root
 from ..errors import UserError, mask_credentials
 from .space import make_pruner, make_sampler, probe_values, validate_space
 
@@ -188,7 +188,7 @@ def study_fingerprint(sweep: SweepConfig, base) -> dict:
     space, the objectives and the counts the sweep regenerates missing data with. Budget (n_trials, total_trials,
     timeout), storage, runs folder, sampler, pruner and confirmation settings are left out: re-runs and workers
     legitimately differ in them, and none changes a trial's score. JSON-shaped, as the study's storage returns it."""
-    fp = {k: _portable(v, sweep.runs_dir) for k, v in _flat(dataclasses.asdict(base)).items()
+    fp = {k: _portable(v, sweep.runs_dir) for k, v in flat_keys(dataclasses.asdict(base)).items()
           if k not in NOT_IN_FINGERPRINT}
     fp["space"] = sorted(sweep.space)       # the swept names, so an added or removed parameter shows too
     fp.update({f"space.{name}": spec for name, spec in sweep.space.items()})
@@ -198,19 +198,9 @@ def study_fingerprint(sweep: SweepConfig, base) -> dict:
 
 
 def fingerprint_changes(old: dict, new: dict) -> list[str]:
-    """`key old → new` for every key whose value differs (a key only one side has is an option added or removed
-    by another domino_lab version, no conflict: the space's names are compared as one key)."""
-    return [f"{k} {json.dumps(old[k])} → {json.dumps(new[k])}" for k in old if k in new and old[k] != new[k]]
-
-
-def _flat(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(_flat(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
+    """`key old → new` for every key whose value differs (config.changed_keys: the space's names are compared as
+    one key)."""
+    return [f"{k} {json.dumps(old[k])} → {json.dumps(new[k])}" for k in changed_keys(old, new)]
 
 
 def _portable(value, runs_dir: str):
