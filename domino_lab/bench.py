@@ -368,9 +368,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"any of {', '.join(METHODS)} (default: all but domino-compiled, whose first call compiles "
                         "for about a minute, and those that cannot run on this target, e.g. trees on a target with "
                         "linear-attention layers; named ones that cannot run are an error)")
-    p.add_argument("--domino", default="default", help="drafter for `domino` (checkpoint dir or shipped name)")
-    p.add_argument("--dflash", default="default-dflash", help="drafter for `dflash`")
-    p.add_argument("--assistant", default="default-assistant", help="assistant model for `hf-assisted`")
+    p.add_argument("--domino", default=None, help="drafter for `domino`, `domino-tree` and the head variants "
+                   "(checkpoint dir or shipped name; default: default)")
+    p.add_argument("--dflash", default=None, help="drafter for `dflash` and `dflash-tree` (default: default-dflash)")
+    p.add_argument("--assistant", default=None, help="assistant model for `hf-assisted` (default: default-assistant)")
     p.add_argument("--drafter", action="append", default=[], metavar="LABEL=SPEC[@key=value,...]",
                    help="also bench this drafter as method LABEL (repeat): a checkpoint dir or shipped name of any "
                         "registered method, or untrained:METHOD; after @, inference options of this label only, "
@@ -529,6 +530,22 @@ def load_assistant(spec: str, target, dtype):
     return m
 
 
+SLOT_DEFAULTS = {"domino": "default", "dflash": "default-dflash", "assistant": "default-assistant"}
+
+
+def check_slots(args) -> None:
+    """A drafter or assistant flag that none of the benched methods reads is an error (a typo'd method list would
+    otherwise bench something else than the user asked for, silently); unset slots get their defaults."""
+    users = {"domino": ["domino", *HEAD_VARIANTS, "domino-tree"], "dflash": ["dflash", "dflash-tree"],
+             "assistant": ["hf-assisted"]}
+    for slot, default in SLOT_DEFAULTS.items():
+        if getattr(args, slot) is None:
+            setattr(args, slot, default)
+        elif not any(m in args.methods for m in users[slot]):
+            raise UserError(f"--{slot} is read by the methods {', '.join(users[slot])}, and none of them is benched: "
+                            f"add one to --methods, or drop --{slot}")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     named = args.methods is not None         # methods the user asked for fail loudly; defaults are skipped instead
@@ -557,6 +574,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.tree_nodes == 0 and trees:
         raise UserError("--tree-nodes must be >= 1 for the dflash-tree and domino-tree methods (0 is the chain: "
                         "bench dflash / domino for that)")
+    check_slots(args)
     tree_flags = [f for f in ("tree_min_prob", "tree_sampled") if getattr(args, f) is not None]
     if tree_flags and not trees:
         raise UserError(f"--{tree_flags[0].replace('_', '-')} shapes the trees of the dflash-tree and domino-tree "

@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.verifier is not None and args.format != "speculators":
         raise UserError(f"--verifier is recorded by the speculators format only, and --format is {args.format}: drop "
                         "--verifier or use --format speculators")
-    from .models.export import export_drafter
+    from .models.export import export_drafter, frspec_note
     from .models.drafter import load_drafter
     from .target import Target, parse_dtype
 
@@ -51,6 +51,8 @@ def main(argv: list[str] | None = None) -> int:
     c = drafter.config
     print(f"wrote {out} ({args.format} layout: config.json, model.safetensors, README.md) -- {c.method}, "
           f"block {c.block_size}, {c.num_drafts} drafts per block, taps {list(c.target_layer_ids)}")
+    if c.frspec_k:
+        print(f"note: {frspec_note(c)}")
     return 0
 
 

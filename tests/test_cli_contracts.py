@@ -202,6 +202,10 @@ def test_bench_says_which_drafters_the_batched_table_leaves_out(tmp_path):
                                                      "without a head, and this one drafts with its head"),
     (["--methods", "domino-tree", "--domino", "default-dflash"], "--domino default-dflash: the domino-tree method "
                                                                   "measures a drafter with the Domino head"),
+    (["--methods", "ar", "domino", "--dflash", "nowhere"], "--dflash is read by the methods dflash, dflash-tree, and "
+                                                           "none of them is benched: add one to --methods, or drop"),
+    (["--methods", "ar", "dflash", "--domino", "default"], "--domino is read by the methods domino, domino-eager"),
+    (["--methods", "ar", "--assistant", "x"], "--assistant is read by the methods hf-assisted, and none"),
 ])
 def test_bench_refuses_flags_it_would_ignore(tmp_path, flags, match):
     from domino_lab.bench import main

@@ -282,10 +282,14 @@ def test_cli_writes_an_export_and_reports_bad_input(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         run_cli(main, ["--drafter", "default-nocopy", "--format", "domino", "--out", str(tmp_path / "out")])
     assert e.value.code == 0
-    assert "wrote" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "wrote" in printed
     assert json.loads((tmp_path / "out" / "config.json").read_text())["dflash_config"]["projector_type"] == "domino"
     readme = (tmp_path / "out" / "README.md").read_text()
     assert "sglang.launch_server" in readme and "not run" in readme
+    # the shipped drafter's FR-Spec list cannot travel in the layout: the user is told, in the output and the README
+    assert "note:" in printed and "FR-Spec list of its 1024" in printed and "all 8192 tokens" in printed
+    assert "FR-Spec list of its 1024" in readme
     for argv in (["--drafter", "default-dflash-nocopy", "--format", "dflash", "--out", str(tmp_path / "x")],
                  ["--drafter", "default", "--format", "domino", "--out", str(tmp_path / "w")],      # copy input
                  ["--drafter", "nowhere", "--format", "domino", "--out", str(tmp_path / "y")],

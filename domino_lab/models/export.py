@@ -254,6 +254,14 @@ def export_drafter(drafter, fmt: str, out_dir: str | os.PathLike, dtype: torch.d
     return out
 
 
+def frspec_note(cfg: DrafterConfig) -> str:
+    """What an export does to a drafter with an FR-Spec list (none of the layouts can hold one), for its README and
+    the export command's output."""
+    return (f"It drafted over an FR-Spec list of its {cfg.frspec_k} most frequent tokens here; no layout holds that "
+            f"list, so the export drafts over all {cfg.vocab_size} tokens, as the same drafter does here with "
+            "`--full-vocab` (its τ can differ a little from the listed drafter's).")
+
+
 def serving_readme(drafter, fmt: str, out: Path, cfg: dict) -> str:
     c = drafter.config
     target = drafter.target.name if drafter._target is not None else "<target>"
@@ -261,6 +269,8 @@ def serving_readme(drafter, fmt: str, out: Path, cfg: dict) -> str:
     layers = (c.target_fingerprint or {}).get("num_layers", "?")
     own = ("It also carries the target's embedding and LM head (the speculators layout wants them)."
            if fmt == "speculators" else "No embedding or LM head of its own: the serving engine takes the target's.")
+    if c.frspec_k:
+        own += f" {frspec_note(c)}"
     head = f"# {c.method} drafter, {fmt} layout\n\nExported by `python -m domino_lab.export` for target `{target}` " \
            f"(hidden {c.hidden_size}, vocab {c.vocab_size}, {layers} layers); block size {b}, {n} drafts per " \
            f"block, taps {list(c.target_layer_ids)} (hidden_states[id + 1]), mask token {c.mask_token_id}. " \
