@@ -641,3 +641,41 @@ def test_the_progress_bar_of_step_limited_training_shows_no_epoch_limit():
         bar._trainer = SimpleNamespace(max_epochs=max_epochs)
         assert bar._get_train_description(0).rstrip() == shown
 
+
+
+def test_a_fresh_run_ends_the_abandoned_run_of_its_folder(tmp_path):
+    """A run killed before its first checkpoint left its MLflow run RUNNING and its folder without a checkpoint; a
+    fresh run there marks the old one KILLED (it cannot be resumed any more). A resume, a damaged record and a run
+    that already ended are left alone."""
+    from mlflow.tracking import MlflowClient
+
+    from domino_lab.training.tracking import RUN_FILE, ensure_experiment, make_logger
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(uri)
+    exp = ensure_experiment(uri, "e")
+    out = tmp_path / "run"
+    out.mkdir()
+
+    def abandoned(status="RUNNING"):
+        rid = client.create_run(exp).info.run_id
+        if status != "RUNNING":
+            client.set_terminated(rid, status)
+        (out / RUN_FILE).write_text(json.dumps({"run_id": rid}))
+        return rid
+
+    def status(rid):
+        return client.get_run(rid).info.status
+
+    rid = abandoned()
+    make_logger(uri, "e", None, out, resume=True)
+    assert status(rid) == "RUNNING"
+    make_logger(uri, "e", None, out, resume=False)
+    assert status(rid) == "KILLED"
+    done = abandoned("FINISHED")
+    make_logger(uri, "e", None, out, resume=False)
+    assert status(done) == "FINISHED"
+    (out / RUN_FILE).write_text("")
+    make_logger(uri, "e", None, out, resume=False)          # damaged: nothing to end, no error
+    (out / RUN_FILE).write_text(json.dumps({"run_id": "0" * 32}))
+    make_logger(uri, "e", None, out, resume=False)          # a run this store does not have

@@ -96,6 +96,8 @@ def make_logger(tracking_uri: str | None, experiment: str, run_name: str | None,
                 f"--resume: the MLflow run {run_id} recorded in {out_dir / RUN_FILE} is not in the tracking store "
                 f"{uri}; resume with the tracking_uri the run was logged to, or delete {RUN_FILE} to continue in "
                 "a new MLflow run")) from None
+    if not resume:
+        end_abandoned_run(uri, out_dir)
     ensure_experiment(uri, experiment)
     logger = MLFlowLogger(experiment_name=experiment, run_name=run_name, tracking_uri=uri, run_id=run_id,
                           tags=tags, artifact_location=default_artifact_location(experiment, uri))
@@ -136,6 +138,27 @@ def ensure_experiment(uri: str, experiment: str) -> str:
             return get_or_create()
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def end_abandoned_run(uri: str, out_dir: Path) -> None:
+    """A fresh run in a folder whose earlier run was killed before its first checkpoint (SIGKILL, a lost machine:
+    nothing marked it ended) marks that run KILLED: it can no longer be resumed, and MLflow would list it as
+    running for ever. A record that is damaged or names a run of another store is left alone."""
+    try:
+        run_id = read_run_id(out_dir)
+    except UserError:
+        return
+    if run_id is None:
+        return
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(uri)
+    try:
+        if client.get_run(run_id).info.status == "RUNNING":
+            client.set_terminated(run_id, "KILLED")
+    except MlflowException:
+        pass
 
 
 def read_run_id(out_dir: Path) -> str | None:
