@@ -76,8 +76,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.prompts is not None:
         from .data.eval_sets import EVAL_SETS, OUTSIDE_SETS, load_eval_set
 
-        if args.prompts in OUTSIDE_SETS:
-            raise UserError(f"--prompts {args.prompts}: that set is evaluation ground (prompts from outside the "
+        # sets joined by + are each loaded (load_eval_set), so each part must pass the rule
+        outside = [part for part in args.prompts.split("+") if part in OUTSIDE_SETS]
+        if outside:
+            which = "that set" if outside[0] == args.prompts else f"its part {outside[0]}"
+            raise UserError(f"--prompts {args.prompts}: {which} is evaluation ground (prompts from outside the "
                             "project's corpora) and never training data; regenerate from the default corpora or a "
                             "JSONL file")
         domain = args.prompts if args.prompts in EVAL_SETS else "custom"

@@ -90,7 +90,7 @@ def load_eval_set(name_or_path: str, limit: int | None = None, cache_dir=None) -
     elif name == "code":
         items = list(_heldout_code_prompts(str(cache_dir) if cache_dir else None))
     elif name in OUTSIDE_SETS:
-        items = outside_prompts(name, *OUTSIDE_SETS[name])
+        items = outside_prompts(name, *OUTSIDE_SETS[name], cache_dir=cache_dir)
     else:
         path = Path(name).expanduser()
         if not path.is_file():
@@ -123,10 +123,11 @@ def humaneval_prompts() -> list[dict]:
     return [{"id": t, "prompt": _strip_final_newline(problems[t]["prompt"])} for t in ids]
 
 
-def outside_prompts(name: str, packages: Iterable[str], n_code: int, problems: Iterable[str]) -> list[dict]:
+def outside_prompts(name: str, packages: Iterable[str], n_code: int, problems: Iterable[str],
+                    cache_dir=None) -> list[dict]:
     """Prompts from outside every training corpus: `n_code` function headers from the installed `packages`
     (site-packages, which the code corpus excludes; missing packages are skipped) and `problems` in the math
-    prompt format, ids `<name>/code/...` and `<name>/math/<i>`, interleaved."""
+    prompt format, ids `<name>/code/...` and `<name>/math/<i>`, interleaved. `cache_dir` holds the ranked headers."""
     import importlib.util
 
     def files():
@@ -138,7 +139,7 @@ def outside_prompts(name: str, packages: Iterable[str], n_code: int, problems: I
             for f in sorted(root.rglob("*.py")):
                 yield f"{pkg}/{f.relative_to(root).as_posix()}", f.read_text(encoding="utf-8", errors="replace")
 
-    ranked = ranked_header_prompts(f"outside-prompts-{name}", files(), n_code)
+    ranked = ranked_header_prompts(f"outside-prompts-{name}", files(), n_code, cache_dir)
     code = [dict(x, id=f"{name}/" + x["id"]) for x in ranked]
     math = [{"id": f"{name}/math/{i}", "prompt": f"Question: {q}\nAnswer:"} for i, q in enumerate(problems)]
     # two code prompts, then one word problem, and so on: any first-N slice (`--limit`) holds both kinds
@@ -147,6 +148,16 @@ def outside_prompts(name: str, packages: Iterable[str], n_code: int, problems: I
         out += code[:2] + math[:1]
         code, math = code[2:], math[1:]
     return out
+
+
+def eval_prompt_texts(cache_dir=None) -> frozenset[str]:
+    """The text of every prompt of the named evaluation sets, which `training_prompts` never trains on. A held-out
+    stdlib file can repeat a training file verbatim (the encodings modules share their boilerplate) and the math
+    generator can draw a held-out question under a training seed, so disjoint files and seeds alone do not keep the
+    texts apart. humaneval and the outside sets cannot collide today; they are checked too, as that is cheap: the
+    header lists are cached on disk (`ranked_header_prompts`), so only a first use parses the packages (~6 s, once),
+    and later calls take well under a second."""
+    return frozenset(x["prompt"] for name in EVAL_SETS for x in load_eval_set(name, cache_dir=cache_dir))
 
 
 def math_prompts(split: str, n: int) -> list[dict]:

@@ -1,10 +1,10 @@
 """Offline target features: the tapped hidden states of every training sequence, computed once, stored as fp16
 safetensors shards and memory-mapped, so a training step runs only the drafter (docs/design.md#data-flow).
 
-A cache is keyed by what determines its content: the target's weights digest and shape, the tapped layers, the
-storage dtype and the token ids of every sequence. Another target, other taps or other data get another folder;
-nothing is ever reused across them. The online path (the target's forward inside every step) stays for GPUs and
-for data too large to store: `data.features: online`.
+A cache is keyed by what determines its content: the target's weights digest, shape and compute dtype, the tapped
+layers, the storage dtype and the token ids of every sequence. Another target, other taps or other data get another
+folder; nothing is ever reused across them. The online path (the target's forward inside every step) stays for GPUs
+and for data too large to store: `data.features: online`.
 """
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from ..errors import UserError
+from ..models.weights_file import safetensors_shapes
 
 VERSION = 1
 SHARD_BYTES = 256 << 20
@@ -27,7 +28,10 @@ INDEX = "index.json"
 
 
 def cache_key(target, taps: list[int], rows: list[dict], dtype: str = "float16") -> str:
+    # the compute dtype too: the weights digest can be the same for a float16 and a float32 load of one target,
+    # whose features differ by more than the float16 storage rounds away
     h = hashlib.sha256(json.dumps({"version": VERSION, "target": target.weights_digest, "shape": target.fingerprint,
+                                   "compute_dtype": str(target.dtype).removeprefix("torch."),
                                    "taps": list(taps), "dtype": dtype}, sort_keys=True).encode())
     for r in rows:
         h.update(str(r["id"]).encode() + b"\0")
@@ -44,8 +48,41 @@ class FeatureCache:
             index = json.loads((self.path / INDEX).read_text())
         except (OSError, ValueError) as e:
             raise UserError(f"feature cache {self.path} is unreadable ({e}); delete the folder to rebuild it") from None
-        self.width, self.rows, self.shards = index["width"], index["rows"], index["shards"]
+        self.width, self.rows, self.shards = self._checked(index)
         self._open: dict[int, object] = {}
+
+    def _checked(self, index) -> tuple[int, dict, list]:
+        """The index's width, rows and shards, once every shard is whole and every row lies inside its shard: a cache
+        cut short (a full disk, an interrupted copy) is one error here rather than a traceback inside a training
+        step. Reads only the shards' headers."""
+        def damaged(what: str) -> UserError:
+            return UserError(f"feature cache {self.path} is damaged ({what}); delete the folder to rebuild it")
+
+        if not (isinstance(index, dict) and "width" in index and isinstance(index.get("rows"), dict)
+                and isinstance(index.get("shards"), list)):
+            raise damaged(f"its {INDEX} lacks width, rows or shards")
+        width, rows, shards = index["width"], index["rows"], index["shards"]
+        lengths = []
+        for name in shards:
+            file = self.path / str(name)
+            if not file.is_file():
+                raise damaged(f"shard {name} is missing")
+            try:
+                shape = safetensors_shapes(file, "").get("features")
+            except UserError:
+                raise damaged(f"shard {name} is cut off or corrupted") from None
+            if shape is None or len(shape) != 2 or shape[1] != width:
+                raise damaged(f"shard {name} holds no [tokens, {width}] features")
+            lengths.append(shape[0])
+        for row_id, place in rows.items():
+            try:
+                shard, start, length = place
+                inside = 0 <= shard < len(lengths) and 0 <= start and start + length <= lengths[shard]
+            except (TypeError, ValueError):
+                inside = False
+            if not inside:
+                raise damaged(f"row {row_id!r} lies outside its shard")
+        return width, rows, shards
 
     def __len__(self) -> int:
         return len(self.rows)

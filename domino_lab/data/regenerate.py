@@ -50,8 +50,13 @@ def training_prompts(n_math: int, n_code: int, cache_dir=None, n_prose: int = 0)
     """Prompts from the TRAINING splits: `format_prompt` of the first `n_math` train seeds,
     `n_code` function-header prompts of the training stdlib files (built exactly like the `code`
     eval set, so training and evaluation prompts have the same shape) and `n_prose` openings of their
-    comments and docstrings (`prose.prose_prompts`)."""
-    from .eval_sets import code_prompts, math_prompts
+    comments and docstrings (`prose.prose_prompts`).
+
+    A text is asked once (the first id keeps it) and never when it is an evaluation prompt (`eval_prompt_texts`):
+    the stdlib repeats boilerplate in many files and the math generator repeats questions at large `n_math`, and a
+    repeat would cost a second generation and could fall on both sides of the train/validation split. So a domain
+    can come out a few prompts short of its count (the default 2000 code prompts lose 8 encodings modules' copies)."""
+    from .eval_sets import code_prompts, eval_prompt_texts, math_prompts
 
     out: list[dict] = []
     if n_math:
@@ -64,7 +69,8 @@ def training_prompts(n_math: int, n_code: int, cache_dir=None, n_prose: int = 0)
 
         prose = _all_of(prose_prompts("train", n_prose, cache_dir=cache_dir), n_prose, "prose", "--n-prose")
         out += [{"id": p["id"], "prompt": p["prompt"], "domain": "prose"} for p in prose]
-    return out
+    skip = set(eval_prompt_texts(cache_dir))
+    return [p for p in out if not (p["prompt"] in skip or skip.add(p["prompt"]))]
 
 
 def _all_of(rows: list[dict], n: int, what: str, flag: str) -> list[dict]:
@@ -158,19 +164,23 @@ def _locked(shard_dir: Path) -> Iterator[None]:
         fh.close()
 
 
-def _check_settings(shard_dir: Path, settings: dict) -> None:
-    """Resuming must not mix responses produced under different settings in one dataset."""
+def _check_settings(shard_dir: Path, settings: dict) -> dict:
+    """Resuming must not mix responses produced under different settings in one dataset. Returns the settings of
+    the folder's responses, which meta.json records."""
     path = shard_dir / "settings.json"
     if path.exists():
         old = json.loads(path.read_text())
-        diff = {k: (old.get(k), v) for k, v in settings.items() if old.get(k) != v}
+        # folders made before the dtype was recorded resume as before: their responses' dtype is unknown
+        diff = {k: (old.get(k), v) for k, v in settings.items()
+                if old.get(k) != v and not (k == "dtype" and k not in old)}
         if diff:
             desc = ", ".join(f"{k}: {a!r} there vs {b!r} now" for k, (a, b) in diff.items())
             raise UserError(f"{shard_dir.parent} holds responses made with other settings ({desc}); "
                             "rerun with the same settings to resume, or choose another --out")
-    else:
-        with atomic_path(path) as tmp:
-            tmp.write_text(json.dumps(settings, indent=2))
+        return {**settings, "dtype": old.get("dtype")}
+    with atomic_path(path) as tmp:
+        tmp.write_text(json.dumps(settings, indent=2))
+    return settings
 
 
 def check_out_dir(out_dir: str | os.PathLike) -> Path:
@@ -312,12 +322,14 @@ def regenerate(target, prompts: Sequence[dict], out_dir: str | os.PathLike, *, m
                         f"{max_positions}-token context")
     settings = {"target": str(target_name), "temperature": float(temperature), "max_new_tokens": int(max_new_tokens),
                 "seed": int(seed) if temperature > 0 else None, "vocab_size": len(tok), "eos_token_ids": eos,
-                "max_length": max_positions, "weights_digest": getattr(tgt, "weights_digest", None)}
+                "max_length": max_positions, "weights_digest": getattr(tgt, "weights_digest", None),
+                # the same weights answer differently in another dtype, and the weights digest need not differ
+                "dtype": str(model.dtype).removeprefix("torch.")}
     gen_kwargs = _generation_kwargs(temperature, max_new_tokens, eos, pad)
     shard_dir = _prepare_out_dir(out_dir)  # only now: nothing is created for input rejected above
 
     with _locked(shard_dir):
-        _check_settings(shard_dir, settings)
+        settings = _check_settings(shard_dir, settings)
         for partial in shard_dir.glob(".shard-*"):  # temp file of a batch killed mid-write
             partial.unlink(missing_ok=True)
         done, next_index = _read_shards(shard_dir)

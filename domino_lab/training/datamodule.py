@@ -124,11 +124,17 @@ class DrafterDataModule(pl.LightningDataModule):
         if not keep:
             raise UserError(f"the dataset at {self.cfg.path} has no sequence with >= {self.cfg.min_response_tokens} "
                             "response tokens; regenerate it with `python -m domino_lab.regenerate`")
-        self.val_rows = [r for r in keep if _is_val(r["prompt_id"], self.cfg.val_fraction)]
-        self.train_rows = [r for r in keep if not _is_val(r["prompt_id"], self.cfg.val_fraction)]
-        if not self.val_rows:          # tiny datasets: hold out at least one sequence
-            self.val_rows = self.train_rows[-1:]
-            self.train_rows = self.train_rows[:-1] or self.val_rows
+        held = {r["prompt_id"] for r in keep if _is_val(r["prompt_id"], self.cfg.val_fraction)}
+        if not held:                   # tiny datasets: hold out at least one prompt, with its rows of every folder
+            held = {keep[-1]["prompt_id"]}
+        # The same prompt text can come under several ids (the stdlib's repeated boilerplate and repeated math
+        # questions, in data regenerated before each text was asked once); hashing the id alone would put its copies
+        # on both sides. A training row with a held-out row's prompt tokens joins validation, and only such rows:
+        # every other row keeps the side its id hash gave it in earlier runs.
+        val_prompts = {tuple(r["input_ids"][: r["prompt_len"]]) for r in keep if r["prompt_id"] in held}
+        is_val = [r["prompt_id"] in held or tuple(r["input_ids"][: r["prompt_len"]]) in val_prompts for r in keep]
+        self.val_rows = [r for r, v in zip(keep, is_val) if v]
+        self.train_rows = [r for r, v in zip(keep, is_val) if not v]
         if not self.train_rows:
             raise UserError(f"the dataset at {self.cfg.path} is too small to split into train and validation")
 
