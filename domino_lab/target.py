@@ -195,6 +195,36 @@ def own_cache_class(decoder: nn.Module) -> str | None:
     return own[0].__name__ if own else None
 
 
+def takes_argument(module: nn.Module, name: str) -> bool:
+    """Whether a module's forward has a parameter `name`. Hugging Face forwards end in **kwargs, which takes any other
+    keyword without a word, so an argument they do not name is silently ignored. A forward whose signature cannot be
+    read, or that names no parameter at all (a wrapper passing everything on), counts as taking it."""
+    import inspect
+
+    try:
+        params = inspect.signature(module.forward).parameters
+    except (TypeError, ValueError):
+        return True
+    named = [p for p in params.values() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    return name in params or not named
+
+
+def longrope_limit(config) -> int | None:
+    """The positions a LongRoPE target (Phi-3 128k, Phi-3.5, Phi-4-mini) rotates with its short factors, else None.
+    Past them Hugging Face switches the rotation of every token of a forward to the long factors, chosen per forward
+    from its largest position, and its own `generate` then prefills the whole sequence again (keys cached with the
+    short factors are wrong from there on). A verify block that reaches past the limit would rotate its tokens unlike
+    the one-token steps of plain decoding, and caches that are cut back cannot be rotated anew, so decoding here
+    stops at the limit (Target.max_length)."""
+    rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    # one set of parameters, or one per layer type (Gemma 3's layout)
+    sets = [rope] if "rope_type" in rope or "type" in rope else [p for p in rope.values() if isinstance(p, dict)]
+    limits = [p.get("original_max_position_embeddings") or getattr(config, "original_max_position_embeddings", None)
+              for p in sets if p.get("rope_type", p.get("type")) == "longrope"]
+    limits = [int(n) for n in limits if n]
+    return min(limits) if limits else None
+
+
 def _first_line(e: Exception) -> str:
     return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
 
@@ -262,7 +292,22 @@ class Target:
         decoder = model.get_decoder()
         self.decoder: nn.Module = model.model if decoder is model and isinstance(getattr(model, "model", None),
                                                                                   nn.Module) else decoder
-        self.max_length: int = getattr(cfg, "max_position_embeddings", 1 << 30)
+        kind = getattr(cfg, "model_type", None) or type(model).__name__
+        # every decoder here hands the model its cache as `cache=`: a forward without that parameter (RWKV keeps its
+        # state in `state=`) would take it into **kwargs and run every step without its context, silently wrong
+        if not all(takes_argument(m, "cache") for m in (model, self.decoder)):
+            raise UserError(f"target '{name}' ({kind}) takes no `cache` argument (it keeps its decoding state in "
+                            "some other way), and domino-lab's decoders pass the cache they cut back to undo "
+                            "rejected drafts, so this model family cannot be decoded here (Hugging Face's `generate` "
+                            "can decode it)")
+        # ALiBi targets (BLOOM, MPT, Falcon with alibi) bias attention by the keys' columns in the cache: a forward
+        # without `position_ids` drops the positions given, and Falcon's alibi does not read them. Trees and batches
+        # give tokens positions other than their columns (a tree's nodes side by side, a batch's holes), so they
+        # refuse such a target (kv_cache.check_positions); a chain's columns are its positions.
+        self.ignores_positions: bool = bool(getattr(cfg, "alibi", False)) or not all(
+            takes_argument(m, "position_ids") for m in (model, self.decoder))
+        # (a LongRoPE target's context here ends where its long factors would take over: longrope_limit)
+        self.max_length: int = min(getattr(cfg, "max_position_embeddings", 1 << 30), longrope_limit(cfg) or 1 << 30)
         self.taps = list(taps) if taps is not None else default_tap_layers(self.num_layers)
         for j in self.taps:
             if not 0 <= j < self.num_layers:
@@ -310,7 +355,15 @@ class Target:
         try:
             model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, trust_remote_code=trust_remote_code,
                                                          **offline)
-            tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code, **offline)
+            try:
+                tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code, **offline)
+            except (OSError, ValueError):
+                # a model directory may hold the weights alone (a model's save_pretrained writes no tokenizer), and
+                # for some model types transformers then fails where for others it builds an empty tokenizer
+                # (_knows_text): either way the target has no tokenizer, and token-id prompts still decode
+                if not Path(source).exists():
+                    raise
+                tokenizer = None
         except SafetensorError as e:
             raise UserError(f"cannot load target '{name_or_path}': its weights in {source} are not a readable "
                             f"safetensors file, corrupted or cut off ({_first_line(e)}); download or copy the "
@@ -375,8 +428,11 @@ class Target:
 
     @property
     def fingerprint(self) -> dict:
-        """What a drafter must match to be usable with this target."""
-        return {"vocab_size": self.vocab_size, "hidden_size": self.hidden_size, "num_layers": self.num_layers}
+        """What a drafter must match to be usable with this target: its shape and, where the config names it, its
+        model type (another architecture of the same shape has other features; DrafterConfig.check_target)."""
+        fp = {"vocab_size": self.vocab_size, "hidden_size": self.hidden_size, "num_layers": self.num_layers}
+        kind = getattr(self.model.config, "model_type", None)
+        return fp | {"model_type": kind} if kind else fp
 
     @property
     def weights_digest(self) -> str:

@@ -26,9 +26,9 @@ from ..errors import UserError
 from ..validation import check_drafter, check_int, check_seed, check_token_ids, fresh_seed
 from ..models.options import BATCH_DRAFTS
 from .adaptive import DraftCount
-from .kv_cache import (attends, check_layers, check_recording, cut_back_rows, drop_outside_windows, layer_masks,
-                       new_cache, place_rows, record_past, select_rows, stack_rows, trim_left, window_layout,
-                       window_offset)
+from .kv_cache import (attends, check_layers, check_positions, check_recording, cut_back_rows, drop_outside_windows,
+                       layer_masks, new_cache, place_rows, record_past, select_rows, stack_rows, trim_left,
+                       window_layout, window_offset)
 from .lookup import copy_index, copy_inputs, draft_lookup
 
 PREFILL_SLACK = 1.25   # prompts prefilled in one forward: at most this many padded positions per real one
@@ -54,8 +54,10 @@ class BatchResult:
 def check_batched_mode(drafter, temperature: float, top_p: float = 1.0, sampler: str = "rejection",
                        target=None) -> None:
     """What batched decoding cannot do, one error each: rejection sampling at T > 0 (it is decoded one sequence at a
-    time), a drafter whose caches cannot hold ragged rows, or a target whose layers batches cannot handle
-    (kv_cache.check_layers; the drafter's target unless `target` is given). Callers that start work first (a
+    time), a drafter whose caches cannot hold ragged rows, a target whose layers batches cannot handle
+    (kv_cache.check_layers; the drafter's target unless `target` is given), or drafts for a target that does not read
+    the positions it is given (kv_cache.check_positions: rejected drafts leave holes; without drafts a row's tokens
+    sit in consecutive columns, and plain batches decode such a target exactly). Callers that start work first (a
     Lightning run) check with it up front."""
     sampling.check_sampling(temperature, top_p, sampler)
     if temperature > 0 and sampler != "gumbel":
@@ -72,6 +74,9 @@ def check_batched_mode(drafter, temperature: float, top_p: float = 1.0, sampler:
     if target is not None:
         check_layers(target.model.config, "batched decoding", rows=True)
         check_recording(target, "batched decoding")
+        if drafter is not None:
+            check_positions(target, "batched speculative decoding",
+                            "decode it one sequence at a time (without --batched), or batched without a drafter")
 
 
 def check_slots(slots: int | None) -> int | None:

@@ -17,8 +17,8 @@ from ..validation import check_drafter, check_int, check_seed, check_token_ids, 
 from .records import GenerationResult, StepRecord
 from . import tree as trees
 from .adaptive import PlainFallback
-from .kv_cache import (check_layers, check_recording, layer_masks, new_cache, record_past, window_layout,
-                       window_offset)
+from .kv_cache import (check_layers, check_positions, check_recording, layer_masks, new_cache, record_past,
+                       window_layout, window_offset)
 from .lookup import copy_index, copy_inputs, draft_lookup
 from .. import sampling
 
@@ -264,14 +264,15 @@ def speculative_generate(target, drafter=None, prompt: str | None = None, prompt
 
 
 def check_tree_mode(drafter) -> None:
-    """Tree verification needs a block drafter and a target of full or sliding-window attention layers; anything
-    else is one clear error."""
+    """Tree verification needs a block drafter and a target of full or sliding-window attention layers that reads
+    the positions it is given; anything else is one clear error."""
     if drafter is None:
         raise UserError("tree verification (tree nodes > 0) needs a drafter; plain decoding has nothing to verify")
     if not hasattr(drafter, "tree_expander"):
         raise UserError(f"tree verification needs a block drafter (dflash or domino); the "
                         f"'{drafter.config.method}' drafter drafts one chain: use tree nodes 0 with it")
     check_layers(drafter.target.model.config, "tree verification")
+    check_positions(drafter.target, "tree verification", "use chain verification (tree nodes 0)")
 
 
 def check_adaptive_mode(adaptive: bool, tree_nodes: int) -> None:

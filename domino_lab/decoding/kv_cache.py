@@ -340,6 +340,19 @@ def attends(config) -> bool:
     return any(type(layer) not in (LinearAttentionLayer, DummyLayer) for layer in new_cache(config).layers)
 
 
+def check_positions(target, what: str, fix: str) -> None:
+    """Whether the target attends by the positions a decoder gives its tokens, or one clear error before any decoding.
+    Trees and batches give tokens positions other than their columns in the cache (a tree's nodes sit side by side, a
+    batch's rows keep the holes of rejected drafts), which a target that reads positions from the columns
+    (`Target.ignores_positions`: ALiBi) would silently attend to wrongly, or fail on inside the model. A target
+    without attention has no positions to misread, and one with a cache class of its own (xLSTM) is refused at its
+    first forward whatever the mode (Target._own_cache_error). `fix`: what to do instead."""
+    if target.ignores_positions and target.own_cache is None and attends(target.model.config):
+        name = getattr(target.model.config, "model_type", type(target.model).__name__)
+        raise UserError(f"{what} gives tokens positions other than their order in the cache, and this target "
+                        f"({name}) takes its attention's positions from that order (as ALiBi does): {fix}")
+
+
 def check_recording(target, what: str) -> None:
     """Whether the target's linear-attention layers keep their state after each token of a forward when asked to
     (`record_past`), which undoing rejected drafts relies on, or one clear error before any decoding. Most Hugging
@@ -356,17 +369,24 @@ def check_recording(target, what: str) -> None:
         target.forward(torch.zeros(1, n, dtype=torch.long, device=dev), cache=cache, last_logits_only=True,
                        position_ids=torch.arange(start, start + n, device=dev)[None])
 
+    def refuse() -> UserError:
+        name = getattr(target.model.config, "model_type", type(target.model).__name__)
+        return UserError(f"{what} needs a target whose linear-attention layers can keep their state after each "
+                         f"token of a forward, to undo rejected drafts; this one ({name}) does not: decode it "
+                         "without a drafter, one sequence at a time")
+
     forward(1, 0)
+    # a layer the forward left without a conv state cannot be cut back (Hugging Face's crop reads its kernel size):
+    # RecurrentGemma keeps its states in its own modules, out of the cache's reach
+    if any(None in layer.conv_kernel_size.values() for layer in cache.layers if _recordable(layer)):
+        raise refuse()
     record_past(cache, 2)
     for n, start in ((2, 1), (1, 3)):
         forward(n, start)
         kept = {len(layer.recurrent_states_history[i]) for layer in cache.layers if _recordable(layer)
                 for i in range(layer.number_of_states) if layer.is_recurrent_states_initialized[i]}
         if kept and kept != {n}:
-            name = getattr(target.model.config, "model_type", type(target.model).__name__)
-            raise UserError(f"{what} needs a target whose linear-attention layers can keep their state after each "
-                            f"token of a forward, to undo rejected drafts; this one ({name}) does not: decode it "
-                            "without a drafter, one sequence at a time")
+            raise refuse()
         cache.crop(0)                   # (drops what was recorded)
     target.records_states = True
 

@@ -164,9 +164,18 @@ class DrafterConfig:
         return cls(**base)
 
     def check_target(self, target: "Target") -> None:
-        fp = target.fingerprint
-        if self.target_fingerprint and self.target_fingerprint != fp:
-            diff = {k: (self.target_fingerprint.get(k), fp[k]) for k in fp if self.target_fingerprint.get(k) != fp[k]}
+        # a drafter's layers run at the target's hidden width on the target's own embedding and LM head; a target that
+        # projects between a narrower embedding and its layers (OPT-350m's word_embed_proj_dim) has no such width
+        widths = {target.embed_tokens.weight.shape[-1], target.lm_head.weight.shape[-1]} - {target.hidden_size}
+        if widths:
+            raise UserError(f"target '{target.name}' embeds tokens {widths.pop()} wide but its layers are "
+                            f"{target.hidden_size} wide (a projection between them, as OPT-350m has), and a drafter "
+                            "runs at the layers' width on the target's embedding and LM head: decode this target "
+                            "without a drafter")
+        fp, saved = target.fingerprint, self.target_fingerprint
+        # drafters saved before fingerprints named the model type (the shipped ones among them) are checked on the rest
+        diff = {k: (saved.get(k), fp[k]) for k in fp if saved.get(k) != fp[k] and (k in saved or k != "model_type")}
+        if saved and diff:
             raise UserError("drafter does not fit this target: " + ", ".join(
                 f"{k} drafter={a} target={b}" for k, (a, b) in diff.items()) +
                 "; use a drafter trained for this target")
