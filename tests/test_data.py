@@ -163,7 +163,9 @@ def test_text_shorter_than_one_window_is_one_error_naming_the_knob():
 
     from domino_lab.data.packing import FixedWindows, MixedWindows
 
-    with pytest.raises(UserError, match="code training text has 5 tokens, fewer than one window of data.seq_len 8"):
-        MixedWindows({"code": np.zeros(5, np.int32), "math": np.zeros(50, np.int32)}, 8, 0.5, 0)
+    for n in (5, 8):             # exactly one window's tokens is still too few for random windows
+        with pytest.raises(UserError, match=f"code training text has {n} tokens, and random windows of data.seq_len "
+                                            "8 need more"):
+            MixedWindows({"code": np.zeros(n, np.int32), "math": np.zeros(50, np.int32)}, 8, 0.5, 0)
     with pytest.raises(UserError, match="held-out text has 3 tokens.*lower data.seq_len"):
         FixedWindows(np.zeros(3, np.int32), 8, 2)

@@ -44,9 +44,9 @@ class MixedWindows(IterableDataset):
 
     def __init__(self, streams: dict[str, np.ndarray], seq_len: int, code_share: float, seed: int):
         for name, s in streams.items():
-            if len(s) <= seq_len:
-                raise UserError(f"the {name} training text has {len(s)} tokens, fewer than one window of "
-                                f"data.seq_len {seq_len}: lower data.seq_len or give the recipe more {name} data")
+            if len(s) <= seq_len:       # (a window starts anywhere before the last seq_len tokens)
+                raise UserError(f"the {name} training text has {len(s)} tokens, and random windows of data.seq_len "
+                                f"{seq_len} need more: lower data.seq_len or give the recipe more {name} data")
         self.streams, self.seq_len, self.code_share, self.seed = streams, seq_len, code_share, seed
 
     def __iter__(self):
