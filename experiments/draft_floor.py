@@ -1,0 +1,175 @@
+"""How cheap can the shipped drafter's draft step get on this CPU? The draft step against its parts and its floor.
+
+    python experiments/draft_floor.py                       # -> experiments/results/draft_floor/draft_floor.md
+    python experiments/draft_floor.py --quick --no-compile --out /tmp/x      # tests
+
+The goal of a draft step at most 0.35 of a plain target step asks whether the drafter's cost is overhead (small
+tensor ops, each paying PyTorch's dispatch) or arithmetic (its weights' matmuls). On one context, in turn as a decode
+meets them (each part after a target forward), this times:
+
+- `plain step`: the target's one-token forward on a 128-token cache; `draft step`: the drafter's whole draft call
+  (experiments.timing.cached_step: backbone, copy input, LM-head slice, head);
+- `backbone`: the two draft layers alone, written out with the past keys and values as plain tensors, in eager mode
+  and (unless --no-compile) under torch.compile with static shapes, which fuses the small ops around the matmuls;
+- `matmuls`: only the backbone's linear layers, with its weights at its shapes, and `lm head`: the FR-Spec slice of
+  the LM head over the drafted slots: what remains with no overhead at all.
+
+Medians of thread CPU time over interleaved rounds (one torch thread, as decoding runs this target).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from domino_lab import Target
+from domino_lab.errors import CliParser, atomic_path, check_out_dir, run_cli
+from domino_lab.experiments.timing import cached_step
+from domino_lab.models.backbone import rope
+from domino_lab.models.drafter import load_drafter
+
+
+def backbone_forward(d, emb, feats, pos, past):
+    """The backbone's inference pass written out with the draft cache's keys and values as plain tensors: the block
+    `emb` [1, B, H] and `new` context features [1, new, k*H] at positions `pos` [1, new + B]; `past` holds each
+    layer's cached (keys, values). Returns the block's normed states, as `Backbone.forward` does."""
+    bb = d.backbone
+    b, q = emb.shape[:2]
+    c = bb.hidden_norm(bb.fc(feats))
+    cos, sin = bb.rotary_emb(emb, pos)
+    x = emb
+    for layer, (pk, pv) in zip(bb.layers, past):
+        a = layer.self_attn
+        h = layer.input_layernorm(x)
+        qs = rope(a.q_norm(a.q_proj(h).view(b, q, a.nh, a.hd)).transpose(1, 2), cos[:, -q:], sin[:, -q:])
+        k, v = a.kv(torch.cat([c, h], 1), cos, sin)
+        out = F.scaled_dot_product_attention(qs, torch.cat([pk, k], 2), torch.cat([pv, v], 2),
+                                             enable_gqa=a.nh != a.nkv)
+        x = x + a.o_proj(out.transpose(1, 2).reshape(b, q, a.nh * a.hd))
+        x = x + layer.mlp(layer.post_attention_layernorm(x))
+    return bb.norm(x)
+
+
+def backbone_call(d, ctx: int, new: int, g: torch.Generator):
+    """`backbone_forward` over `new` context positions and the block, `ctx - new` positions cached: returns
+    make(compiled: bool) -> a no-argument callable."""
+    cfg = d.config
+    q = cfg.block_size
+    emb = torch.randn(1, q, cfg.hidden_size, generator=g)
+    feats = torch.randn(1, new, len(cfg.target_layer_ids) * cfg.hidden_size, generator=g)
+    pos = torch.arange(ctx - new, ctx + q)[None]
+    past = [(torch.randn(1, cfg.num_key_value_heads, ctx - new, cfg.head_dim, generator=g),
+             torch.randn(1, cfg.num_key_value_heads, ctx - new, cfg.head_dim, generator=g)) for _ in d.backbone.layers]
+
+    def make(compiled: bool):
+        f = torch.compile(backbone_forward, dynamic=False) if compiled else backbone_forward
+        return lambda: f(d, emb, feats, pos, past)
+    return make
+
+
+def matmul_call(d, ctx: int, new: int, g: torch.Generator):
+    """The backbone's linear layers alone, in its order, at its shapes (fc and K/V over context + block rows)."""
+    bb, cfg = d.backbone, d.config
+    rows = {id(bb.fc): new}
+    for layer in bb.layers:
+        a = layer.self_attn
+        rows |= {id(a.k_proj): new + cfg.block_size, id(a.v_proj): new + cfg.block_size}
+    lins = [m for m in bb.modules() if isinstance(m, torch.nn.Linear)]
+    xs = [torch.randn(rows.get(id(m), cfg.block_size), m.in_features, generator=g) for m in lins]
+    return lambda: [F.linear(x, m.weight) for x, m in zip(xs, lins)]
+
+
+def lm_head_call(d, g: torch.Generator):
+    h = torch.randn(1, d.config.num_drafts, d.config.hidden_size, generator=g)
+    return lambda: d.draft_logits(h)
+
+
+def measure(target, d, ctx: int, reps: int, rounds: int, compile_backbone: bool) -> dict:
+    from domino_lab.decoding.kv_cache import new_cache
+
+    g = torch.Generator().manual_seed(0)
+    cache = new_cache(target.model.config)
+    target.forward(torch.randint(0, target.vocab_size, (1, ctx), generator=g), cache=cache, last_logits_only=True)
+    one = torch.randint(0, target.vocab_size, (1, 1), generator=g)
+
+    def plain():
+        target.forward(one, cache=cache, greedy=True)
+        cache.crop(-1)
+
+    backbone = backbone_call(d, ctx, 2, g)
+    parts = {"plain step": plain, "draft step": cached_step(d, ctx, g), "backbone (eager)": backbone(False)}
+    if compile_backbone:
+        parts["backbone (compiled)"] = backbone(True)
+    parts |= {"matmuls": matmul_call(d, ctx, 2, g), "lm head": lm_head_call(d, g)}
+    times: dict = {name: [] for name in parts}
+    with torch.no_grad():
+        for f in parts.values():          # warm-up; compiles the compiled backbone
+            f()
+        for _ in range(rounds):
+            for name, f in parts.items():
+                for _ in range(reps):
+                    plain()               # every part after a target forward, as in a decode
+                    t0 = time.thread_time()
+                    f()
+                    times[name].append(time.thread_time() - t0)
+    return {name: 1e3 * statistics.median(v) for name, v in times.items()}
+
+
+def report(ms: dict, args, meta: dict) -> str:
+    plain = ms["plain step"]
+    lines = ["# The draft step and its floor", "",
+             f"`python experiments/draft_floor.py{' --quick' if args.quick else ''}` — {meta['machine']}, "
+             f"torch {meta['torch']}, 1 torch thread, {meta['date']}; drafter `{args.drafter}`, context {args.ctx}, "
+             f"{args.rounds} rounds × {args.reps} calls per part, interleaved, medians of thread CPU time.", "",
+             "| part | ms | ÷ plain step |", "|---|---|---|"]
+    lines += [f"| {name} | {v:.3f} | {v / plain:.2f} |" for name, v in ms.items()]
+    floor = ms["matmuls"] + ms["lm head"]
+    lines += ["", f"Without any overhead a draft step would still cost the backbone's matmuls and the LM-head slice: "
+              f"{floor:.3f} ms, {floor / plain:.2f} of a plain step (the head's rollout and the copy input come on "
+              "top)."]
+    if "backbone (compiled)" in ms:
+        saved = ms["backbone (eager)"] - ms["backbone (compiled)"]
+        lines += [f"torch.compile of the backbone saves {saved:.3f} ms of its {ms['backbone (eager)']:.3f} ms "
+                  f"(a draft step of {ms['draft step'] - saved:.3f} ms, {(ms['draft step'] - saved) / plain:.2f} of "
+                  "a plain step)."]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    p = CliParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--drafter", default="default")
+    p.add_argument("--ctx", type=int, default=128)
+    p.add_argument("--reps", type=int, default=30)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--no-compile", action="store_true", help="leave out the compiled backbone (it compiles ~15 s)")
+    p.add_argument("--quick", action="store_true", help="2 rounds of 3 calls (tests)")
+    p.add_argument("--out", default="experiments/results/draft_floor")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.reps, args.rounds = 3, 2
+    out = check_out_dir(args.out, "--out")
+    torch.set_num_threads(1)
+    target = Target.from_pretrained("default", dtype="float32")
+    d = load_drafter(args.drafter, target)
+    ms = measure(target, d, args.ctx, args.reps, args.rounds, not args.no_compile)
+    meta = {"machine": f"{platform.machine()}, {torch.get_num_threads()} torch thread(s) of "
+                       f"{__import__('os').cpu_count()} CPUs",
+            "torch": torch.__version__, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    out.mkdir(parents=True, exist_ok=True)
+    with atomic_path(out / "draft_floor.json") as tmp:
+        tmp.write_text(json.dumps({"ms": ms, "meta": meta, "argv": sys.argv[1:] if argv is None else argv}, indent=1))
+    with atomic_path(out / "draft_floor.md") as tmp:
+        tmp.write_text(report(ms, args, meta))
+    print((out / "draft_floor.md").read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    run_cli(main)
