@@ -221,11 +221,8 @@ def test_engine_overhead_pairs_bare_and_engine_per_prompt():
 
 
 def test_draft_floor_times_the_draft_step_and_its_parts(tmp_path):
-    """The draft-floor script times every part on one context and reports each against the plain step; the eager
-    backbone written out with tensors for the cache computes what the drafter's own backbone does."""
+    """The draft-floor script times every part on one context and reports each against the plain step."""
     import importlib.util
-
-    from domino_lab.models.drafter import load_drafter
 
     path = Path(__file__).resolve().parents[1] / "experiments" / "draft_floor.py"
     spec = importlib.util.spec_from_file_location("draft_floor", path)
@@ -237,26 +234,6 @@ def test_draft_floor_times_the_draft_step_and_its_parts(tmp_path):
     assert set(ms) == {"plain step", "draft step", "backbone (eager)", "matmuls", "lm head"}
     assert all(v > 0 for v in ms.values())
     assert "| matmuls |" in (out / "draft_floor.md").read_text()
-    # the written-out backbone equals the drafter's backbone over the same context and block
-    import torch
-
-    from domino_lab import Target
-    from domino_lab.decoding.kv_cache import new_cache
-
-    target = Target.from_pretrained("default", dtype="float32")
-    d = load_drafter("default", target)
-    g = torch.Generator().manual_seed(0)
-    cfg, ctx, q = d.config, 6, d.config.block_size
-    emb = torch.randn(1, q, cfg.hidden_size, generator=g)
-    feats = torch.randn(1, ctx, len(cfg.target_layer_ids) * cfg.hidden_size, generator=g)
-    with torch.no_grad():
-        cache = new_cache()      # 4 context positions cached, as after a draft whose block part was cropped off
-        d.backbone(emb, torch.arange(4, 4 + q)[None], feats[:, :4], torch.arange(4)[None], cache=cache)
-        cache.crop(-q)
-        past = [(cache.layers[i].keys.clone(), cache.layers[i].values.clone()) for i in range(len(d.backbone.layers))]
-        want = d.backbone(emb, torch.arange(ctx, ctx + q)[None], feats[:, 4:], torch.arange(4, ctx)[None], cache=cache)
-        got = mod.backbone_forward(d, emb, feats[:, 4:], torch.arange(4, ctx + q)[None], past)
-    assert torch.allclose(got, want, atol=1e-5)
 
 
 def test_train_step_bench_times_every_mode(tmp_path):

@@ -51,15 +51,18 @@ class DraftAttention(nn.Module):
     def forward(self, x, ctx, blk_rope, kv_rope, mask=None, cache=None):
         """x: block states [b, Q, H] (already layer-normed); ctx: fused context [b, C, H] or None; blk_rope the
         block's (cos, sin), kv_rope those of [context ; block] (the block's alone without context)."""
-        b, q_len, _ = x.shape
-        q = self.q_norm(self.q_proj(x).view(b, q_len, self.nh, self.hd)).transpose(1, 2)
-        q = rope(q, *blk_rope)
         # context and block share the k/v projections: one matmul over [context ; block] (at inference a few
         # committed positions and a block, where each extra small op costs about what its arithmetic does)
         k, v = self.kv(torch.cat([ctx, x], dim=1) if ctx is not None else x, *kv_rope)
         if cache is not None:
             # The cache holds earlier context K/V; the caller crops the block part off afterwards.
             k, v = cache.update(k, v, self.layer_idx)
+        return self.attend(x, k, v, blk_rope, mask)
+
+    def attend(self, x, k, v, blk_rope, mask=None):
+        """The block's queries from x [b, Q, H] over keys / values [b, kv heads, T, d], projected back."""
+        b, q_len, _ = x.shape
+        q = rope(self.q_norm(self.q_proj(x).view(b, q_len, self.nh, self.hd)).transpose(1, 2), *blk_rope)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=self.nh != self.nkv)
         return self.o_proj(out.transpose(1, 2).reshape(b, q_len, self.nh * self.hd))
 
@@ -110,6 +113,28 @@ class Backbone(nn.Module):
         for layer in self.layers:
             x = layer(x, ctx, blk_rope, kv_rope, mask, cache)
         return self.norm(x)
+
+    def infer(self, block_emb: torch.Tensor, ctx_feats: torch.Tensor, pos: torch.Tensor,
+              past: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, list]:
+        """`forward` at inference with the draft cache's keys and values as plain tensors, so that torch.compile can
+        take the whole pass as one graph (a cache object's update is Python it cannot trace): the block `block_emb`
+        [b, B, H] after C new context positions `ctx_feats` [b, C, k*H], positions `pos` [b, C + B] (context, then
+        block), `past` the cached (keys, values) of every layer. Returns the block's normed states and each layer's
+        keys and values of the new context, which the caller appends to the cache."""
+        c, q = ctx_feats.shape[1], block_emb.shape[1]
+        ctx = self.hidden_norm(self.fc(ctx_feats))
+        if self.anchor_proj is not None:
+            block_emb = block_emb + self.anchor_proj(self.anchor_context(ctx, pos[:, :c], pos[:, c:]))
+        kv_rope = self.rotary_emb(block_emb, pos)
+        blk_rope = tuple(t[:, -q:] for t in kv_rope)
+        x, new = block_emb, []
+        for layer, (pk, pv) in zip(self.layers, past):
+            a, h = layer.self_attn, layer.input_layernorm(x)
+            k, v = a.kv(torch.cat([ctx, h], dim=1), *kv_rope)
+            new.append((k[:, :, :c], v[:, :, :c]))
+            x = x + a.attend(h, torch.cat([pk, k], dim=2), torch.cat([pv, v], dim=2), blk_rope)
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        return self.norm(x), new
 
     def anchor_context(self, ctx: torch.Tensor | None, ctx_pos: torch.Tensor | None,
                        block_pos: torch.Tensor) -> torch.Tensor:

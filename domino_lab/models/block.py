@@ -5,6 +5,8 @@ docs/design.md#the-parallel-backbone and #the-domino-head give the equations.
 """
 from __future__ import annotations
 
+import warnings
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -75,11 +77,41 @@ class BlockDrafter(Drafter):
             ctx_start = torch.as_tensor(ctx_start, device=dev)
             ctx_pos = ctx_start if ctx_start.dim() == 2 else (      # [b, C]: every slot's own position
                 ctx_start.reshape(-1, 1) + torch.arange(ctx_feats.shape[1], device=dev)).expand(b, -1)
+        emb = self._block_embeddings(block_ids, copy)
+        if (self.options.backbone_impl == "compiled" and cache is not None and key_valid is None and b == 1
+                and ctx_feats is not None and ctx_feats.shape[1]):
+            return self._compiled_states(emb, block_pos, ctx_feats, ctx_pos, cache)
         mask = key_valid[:, None, None, :] if key_valid is not None else None    # broadcast over heads, queries
-        hs = self.backbone(self._block_embeddings(block_ids, copy), block_pos, ctx_feats, ctx_pos, mask=mask,
-                           cache=cache)
+        hs = self.backbone(emb, block_pos, ctx_feats, ctx_pos, mask=mask, cache=cache)
         if cache is not None:
             cache.crop(-cfg.block_size)      # keep context K/V only; block K/V are recomputed every round
+        return hs
+
+    def _compiled_states(self, emb, block_pos, ctx_feats, ctx_pos, cache) -> torch.Tensor:
+        """`_block_states` through the compiled `Backbone.infer` (options.backbone_impl): the cache's keys and values
+        go in as tensors and only the new context's come back into it, so there is no block part to crop. One graph
+        with dynamic lengths serves every step (the context grows; a step adds 1 to block-size positions)."""
+        cfg = self.config
+        empty = emb.new_zeros(1, cfg.num_key_value_heads, 0, cfg.head_dim)
+        layers = cache.layers
+        past = [(layers[i].keys, layers[i].values) if i < len(layers) and layers[i].is_initialized else (empty, empty)
+                for i in range(cfg.num_layers)]
+        args = (emb, ctx_feats, torch.cat([ctx_pos, block_pos], 1), past)
+        if getattr(self, "_infer", None) is None:
+            try:                # the first call compiles; inductor's CPU code needs a C++ compiler
+                compiled = torch.compile(self.backbone.infer, dynamic=True)
+                hs, new = compiled(*args)
+                self._infer = compiled
+            except Exception as e:      # noqa: BLE001 -- any compiler failure: the same pass, uncompiled
+                warnings.warn(f"the compiled backbone is not available here ({type(e).__name__}: "
+                              f"{str(e).strip().splitlines()[0] if str(e).strip() else ''}); drafting with the "
+                              "eager one", stacklevel=2)
+                self._infer = self.backbone.infer
+                hs, new = self._infer(*args)
+        else:
+            hs, new = self._infer(*args)
+        for i, (k, v) in enumerate(new):
+            cache.update(k, v, i)
         return hs
 
     @torch.no_grad()

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from ..errors import UserError
 
 HEAD_IMPLS = ("fused", "fast", "compiled", "eager")
+BACKBONE_IMPLS = ("eager", "compiled")
 BATCH_DRAFTS = ("adaptive", "all")
 LOOKUP_MAX = 16      # the longest text suffix lookup drafting matches (decoding/lookup.py): a larger minimum never copies
 
@@ -20,6 +21,11 @@ class InferenceOptions:
     # rollout under torch.compile; "eager" = nn.GRU + full-vocabulary correction (the reference the others are
     # checked against).
     head_impl: str = "fused"
+    # The block drafters' backbone at batch 1: "eager" = module by module; "compiled" = the whole pass as one
+    # torch.compile graph (Backbone.infer), which fuses the small ops around its matmuls: on a CPU where those ops'
+    # dispatch, not the matmuls, is most of a draft step (experiments/results/draft_floor), a shorter step. The
+    # first call compiles (~15 s on the 2-core CPU); batches and training stay eager.
+    backbone_impl: str = "eager"
     # Greedy drafting scores the head's correction only on the top-K tokens of the block's per-token max base
     # logits; 0 = the full vocabulary (exact). 64 keeps τ equal to the exact head on the embedded default
     # (experiments/results/head_pool.md). Sampling (T > 0) always scores the whole draft vocabulary: a pool would
@@ -73,6 +79,9 @@ class InferenceOptions:
                 raise UserError(f"{name.replace('_', ' ')} must be true or false, got {getattr(self, name)!r}")
         if self.head_impl not in HEAD_IMPLS:
             raise UserError(f"unknown head implementation '{self.head_impl}'; use one of {list(HEAD_IMPLS)}")
+        if self.backbone_impl not in BACKBONE_IMPLS:
+            raise UserError(f"unknown backbone implementation '{self.backbone_impl}'; use one of "
+                            f"{list(BACKBONE_IMPLS)}")
         if self.candidate_pool < 0:
             raise UserError(f"candidate pool must be >= 0 (0 = full vocabulary), got {self.candidate_pool}")
         if not 0.0 <= self.draft_cutoff < 1.0:
@@ -94,7 +103,7 @@ class InferenceOptions:
     @classmethod
     def from_args(cls, args) -> "InferenceOptions":
         """From the flags `add_inference_args` defines (absent flags keep the defaults)."""
-        kw = {k: getattr(args, k, None) for k in ("head_impl", "candidate_pool", "block_size", "full_vocab",
+        kw = {k: getattr(args, k, None) for k in ("head_impl", "backbone_impl", "candidate_pool", "block_size", "full_vocab",
                                                "draft_cutoff", "lookup", "tree_min_prob", "batch_drafts",
                                                "adaptive_drafts", "tree_sampled")}
         return cls(**{k: v for k, v in kw.items() if v is not None})
@@ -124,6 +133,9 @@ def add_inference_args(p, block_size: bool = False) -> None:
     p.add_argument("--head-impl", default=None, choices=HEAD_IMPLS,
                    help="Domino head inference path: fused (one C++ loop on the CPU, greedy or sampled; the default), "
                         "fast (table + pool in torch ops), compiled (torch.compile), eager (reference)")
+    p.add_argument("--backbone-impl", default=None, choices=BACKBONE_IMPLS,
+                   help="block drafters at batch 1: eager (the default) or compiled (the backbone's pass as one "
+                        "torch.compile graph; its first call compiles for ~15 s)")
     p.add_argument("--candidate-pool", type=int, default=None,
                    help="greedy: score the head's correction on the top-K candidates only (0 = full vocabulary, "
                         "exact; default 64); sampling always scores the whole draft vocabulary")
