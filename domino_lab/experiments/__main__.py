@@ -114,7 +114,7 @@ def run(args) -> dict:
     check_writable(out_dir)      # created only when the results are written, so a failed run leaves no empty one
     t0 = time.time()
     before = {p.parent.name for p in runs_dir.glob("*/result.json")}
-    trained = train_runs(resolved, runs_dir, quick)
+    trained = train_runs(resolved, runs_dir, quick, runs_root=runs_root)
     sets = eval_prompts(spec, quick)
     results = measure(spec, trained, sets, quick, progress=not args.no_progress, threads=args.threads)
     extras: dict = {}
@@ -171,12 +171,17 @@ def report(args) -> None:
     except (OSError, json.JSONDecodeError) as e:
         raise UserError(f"cannot read {path} ({e}); run `python -m domino_lab.experiments run {args.name}` first") \
             from None
-    meta, configs = data["meta"], data["meta"].get("run_configs", {})
-    trained = {}
-    for key, path_ in meta["runs"].items():
-        name, seed = key.rsplit("-s", 1)
-        trained[(name, int(seed))] = TrainedRun(name, int(seed), path_, None, None, configs.get(key, {}))
-    md = markdown(spec, data["results"], trained, data["extras"], meta)
+    try:
+        # the file is input here: one that `run` did not write (emptied, edited, another tool's) is one error line
+        meta, configs = data["meta"], data["meta"].get("run_configs", {})
+        trained = {}
+        for key, path_ in meta["runs"].items():
+            name, seed = key.rsplit("-s", 1)
+            trained[(name, int(seed))] = TrainedRun(name, int(seed), path_, None, None, configs.get(key, {}))
+        md = markdown(spec, data["results"], trained, data["extras"], meta)
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError, StopIteration) as e:
+        raise UserError(f"{path} is not the results file `python -m domino_lab.experiments run {args.name}` writes "
+                        f"({type(e).__name__}: {e}); run the experiment again to write it") from None
     _write(out_dir, {f"{spec.name}.md": md})
     print(md)
 
@@ -194,7 +199,16 @@ def main(argv=None) -> int:
     if args.threads is not None:      # before anything runs: decoding, after every run is trained, would refuse it
         check_threads(args.threads)
     args.argv = argv
-    run(args)
+    from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+    try:
+        run(args)
+    except SIGTERMException:
+        # Lightning's SystemExit without a code would exit 0 with no word; say how to continue and exit like a
+        # killed job, as `python -m domino_lab.train` does
+        print("error: training stopped by SIGTERM; run the same command again to continue (finished runs are "
+              "reused, the interrupted one resumes from its last checkpoint if it wrote one)", file=sys.stderr)
+        return 143
     return 0
 
 

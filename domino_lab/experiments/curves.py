@@ -2,6 +2,8 @@
 Fig. 3) and validation τ / acceptance against steps (has a run converged?)."""
 from __future__ import annotations
 
+import math
+from collections import deque
 from pathlib import Path
 
 from ..errors import atomic_path
@@ -23,11 +25,16 @@ def loss_history(run_ids: list[str], metric: str = "train/loss_base", tracking_u
 
 
 def smooth(xs: list[float], w: int = 25) -> list[float]:
-    """Trailing running mean over w points (fewer at the start)."""
-    out, acc = [], 0.0
-    for i, x in enumerate(xs):
-        acc += x - (xs[i - w] if i >= w else 0.0)
-        out.append(acc / min(i + 1, w))
+    """Trailing running mean over the last w points (fewer at the start). A NaN point (a step whose loss was not
+    finite) is skipped: in the running sum it would blank the rest of the curve."""
+    out, window, acc = [], deque(), 0.0
+    for x in xs:
+        if not math.isnan(x):
+            window.append(x)
+            acc += x
+            if len(window) > w:
+                acc -= window.popleft()
+        out.append(acc / len(window) if window else math.nan)
     return out
 
 
@@ -43,7 +50,7 @@ def plot_loss_curves(curves: dict, out_png: Path, title: str, ylabel: str, skip_
     for label, c in curves.items():
         ys = smooth(c["values"])
         ax.plot(c["steps"], ys, label=label)
-        tail += [v for t, v in zip(c["steps"], ys) if t >= skip_steps]
+        tail += [v for t, v in zip(c["steps"], ys) if t >= skip_steps and not math.isnan(v)]
     if tail:
         ax.set_ylim(min(tail) - 0.2, max(tail) + 0.2)
     ax.set_xlabel("step")

@@ -1,7 +1,9 @@
 """Train (or reuse) the drafters an experiment needs, through the one training path (`domino_lab.train.train`).
 
 A run lives in <runs_dir>/<name>-s<seed>; a finished one (result.json) is reused, an interrupted one resumes
-from its last checkpoint. Runs are shared between experiments by name, so `domino` trains once for all.
+from its last checkpoint. Runs are shared between experiments by name, so `domino` trains once for all. The config
+a run was trained with is recorded beside its result (CONFIG_RECORD): a spec or --quick that now asks another
+drafter of that folder is refused rather than handed the old one.
 """
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import UserError
+from ..errors import UserError, atomic_path
 from .spec import ExperimentSpec, RunSpec
 
 # The embedded default's training data (experiments/configs/*.yaml data.path): made on first use like this
@@ -22,6 +24,8 @@ QUICK_TRAIN = ["max_steps=4", "eval.every_n_steps=4", "eval.tau_prompts=2", "eva
                "eval.val_batches=1", "loss.num_anchors=8", "data.batch_size=2", "data.max_length=128",
                "checkpoint_every_n_steps=4", "drafter.gru_hidden=32", "drafter.rank=8"]
 QUICK_DATA = {"math": 12, "code": 8, "max_new_tokens": 32}
+
+CONFIG_RECORD = "trained_config.json"   # what a run folder's drafter was trained with (config_record), with its hash
 
 
 @dataclass
@@ -66,8 +70,8 @@ def run_config(spec: RunSpec, seed: int, runs_dir: Path, quick_data: str | None,
         ov += [o for o in QUICK_TRAIN if _key(o) not in keep]
         if "data.path" not in user_keys:
             ov.append(f"data.path={json.dumps(str(quick_data))}")
-    if tracking_uri:
-        ov.append(f"tracking_uri={tracking_uri}")
+    if tracking_uri:      # (as a JSON string: an override's value is read as YAML)
+        ov.append(f"tracking_uri={json.dumps(tracking_uri)}")
     cfg = load_config(TrainConfig, base, ov, runs_dir=runs_root)
     if quick_data and "data.path" in user_keys and not Path(cfg.data.path).exists():
         # --quick makes only its own small data: made at the user's path, it would later pass for full data there
@@ -112,17 +116,66 @@ def resolve_runs(spec: ExperimentSpec, runs_dir: Path, quick: bool, tracking_uri
     return out
 
 
-def train_runs(resolved: list, runs_dir: Path, quick: bool) -> dict:
-    """{(run name, seed): TrainedRun}: finished runs are reused, the others trained (or resumed)."""
+def config_record(cfg, runs_root: str | Path | None = None) -> dict:
+    """What decides the drafter of a run folder: its resolved training config as flat `key: value` pairs, without
+    what only says where it writes and logs or how fast it runs (the sweep fingerprint's NOT_IN_FINGERPRINT; the
+    seed is in the folder's name) and with paths under the runs folder written `runs/...` (a moved runs folder
+    holds the same drafters), and the hash of those pairs."""
+    from ..config import default_runs_dir, flat_keys, to_dict
+    from ..sweep.config import NOT_IN_FINGERPRINT, portable
+
+    root = str(runs_root or default_runs_dir())
+    flat = {k: portable(v, root) for k, v in flat_keys(to_dict(cfg)).items() if k not in NOT_IN_FINGERPRINT}
+    flat = json.loads(json.dumps(flat))         # JSON-shaped, as it is read back
+    return {"sha1": hashlib.sha1(json.dumps(flat, sort_keys=True).encode()).hexdigest(), "config": flat}
+
+
+def check_reuse(cfg, runs_root: str | Path | None = None) -> None:
+    """A finished run folder is reused only for the config it was trained with: another (the spec's recipe or
+    overrides changed, or --quick's short training against a full one in one --runs-dir) is one error naming what
+    differs, before anything is trained. A folder from before the record was kept has none and is reused as is."""
+    from ..config import changed_keys
+
+    out = Path(cfg.out_dir)
+    try:
+        old = json.loads((out / CONFIG_RECORD).read_text())["config"]
+        if not isinstance(old, dict):
+            raise TypeError("not a config")
+    except FileNotFoundError:
+        return
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise UserError(f"cannot read {out / CONFIG_RECORD} ({e}); delete {out} to train that run again") from None
+    new = config_record(cfg, runs_root)["config"]
+    # (a key only one side has is an option another domino_lab version added or removed: no conflict)
+    changes = [f"{k} {json.dumps(old[k])} → {json.dumps(new[k])}" for k in changed_keys(old, new)]
+    if changes:
+        more = f" (and {len(changes) - 3} more)" if len(changes) > 3 else ""
+        raise UserError(f"{out} holds a drafter trained with another config than this run asks for: "
+                        f"{'; '.join(changes[:3])}{more}; delete that folder to train it again, or use another "
+                        "--runs-dir to keep both")
+
+
+def train_runs(resolved: list, runs_dir: Path, quick: bool, runs_root: str | Path | None = None) -> dict:
+    """{(run name, seed): TrainedRun}: finished runs are reused, the others trained (or resumed). `runs_root`: the
+    runs folder whose `runs/...` paths the recipes use (default <repository>/runs)."""
     from ..config import to_dict
     from ..target import Target
     from ..train import latest_checkpoint, train
+    from ..training.tracking import open_tracking_store
 
+    for _, _, cfg, _ in resolved:
+        if cfg is not None:
+            check_reuse(cfg, runs_root)
     # every target a run to train needs is loaded before any folder is made, so a bad target= leaves none behind
     targets = {}
-    for _, _, cfg, _ in resolved:
-        if cfg is not None and not (Path(cfg.out_dir) / "result.json").exists() and cfg.target not in targets:
+    to_train = [cfg for _, _, cfg, _ in resolved
+                if cfg is not None and not (Path(cfg.out_dir) / "result.json").exists()]
+    for cfg in to_train:
+        if cfg.target not in targets:
             targets[cfg.target] = Target.from_pretrained(cfg.target, dtype=cfg.dtype)
+    # and the tracking store the runs log to answers: an unreachable or damaged one fails here, not mid-training
+    for uri in sorted({cfg.tracking_uri for cfg in to_train if cfg.tracking_uri}):
+        open_tracking_store(uri)
     runs_dir.mkdir(parents=True, exist_ok=True)
     out = {}
     for r, seed, cfg, sweep in resolved:
@@ -135,6 +188,8 @@ def train_runs(resolved: list, runs_dir: Path, quick: bool) -> dict:
             resume = latest_checkpoint(Path(cfg.out_dir) / "checkpoints") is not None
             print(f"[experiments] training {r.name} seed {seed} -> {cfg.out_dir}", file=sys.stderr)
             train(cfg, resume=resume, target=targets[cfg.target])
+            with atomic_path(Path(cfg.out_dir) / CONFIG_RECORD) as tmp:
+                tmp.write_text(json.dumps(config_record(cfg, runs_root), indent=1))
         res = json.loads(result_file.read_text())
         out[(r.name, seed)] = TrainedRun(r.name, seed, res.get("best_dir") or res["final_dir"], cfg.out_dir,
                                          res.get("run_id"), to_dict(cfg))

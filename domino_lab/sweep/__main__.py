@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from ..errors import CliParser, UserError, run_cli
 from ..validation import check_threads
@@ -60,8 +61,11 @@ def parse_args(argv=None):
     for flag, key in (("study_name", "study_name"), ("n_trials", "n_trials"), ("storage", "storage"),
                       ("tracking_uri", "tracking_uri"), ("timeout", "timeout_min"), ("target", "target"),
                       ("seed", "seed")):
-        if getattr(args, flag) is not None:
-            overrides.append(f"{key}={getattr(args, flag)}")
+        value = getattr(args, flag)
+        if value is not None:
+            # names and URLs as JSON strings: an override's value is read as YAML, where "ablation #2" would
+            # lose its comment and "0042" become a number
+            overrides.append(f"{key}={json.dumps(value) if isinstance(value, str) else value}")
     sweep = load_sweep(args.config, overrides, runs_dir=args.runs_dir)
     if args.init_from is not None:
         # a trial override, after the sweep's own (the last value of a key wins); checked like the YAML's
@@ -98,6 +102,8 @@ def main(argv=None) -> int:
         if args.threads is not None:
             torch.set_num_threads(args.threads)
         _quiet()
+        from lightning.pytorch.utilities.exceptions import SIGTERMException
+
         from .runner import prepare, run_worker
 
         runner = prepare(sweep)
@@ -106,7 +112,14 @@ def main(argv=None) -> int:
             print(f"study '{sweep.study_name}' ready in {where} ({len(runner.study.trials)} trial(s) so far); "
                   f"training data in {runner.base.data.path}")
             return 0
-        summary = run_worker(sweep, runner)
+        try:
+            summary = run_worker(sweep, runner)
+        except SIGTERMException:
+            # Lightning's SystemExit without a code would exit 0 with no word; say how to continue and exit like a
+            # killed job, as `python -m domino_lab.train` does (the runner queued the interrupted trial again)
+            print("error: sweep stopped by SIGTERM; run the same command again to continue the study",
+                  file=sys.stderr)
+            return 143
     finally:
         if gpu_claim is not None:
             gpu_claim.close()        # frees the GPU for the next worker

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ..config import RUNS_PREFIX, changed_keys, default_runs_dir, flat_keys, load_config, path_field, repo_root
 from ..errors import UserError, mask_credentials
-from .space import make_pruner, make_sampler, probe_values, validate_space
+from .space import make_pruner, make_sampler, probes, validate_space
 
 DEFAULT_SWEEP = "experiments/sweeps/default.yaml"
 # τ alone, or τ against one draft cost (draft_cost = draft step ÷ plain step, measured in turn: steadier across trials)
@@ -81,8 +81,8 @@ def load_sweep(path: str | Path | None = DEFAULT_SWEEP, overrides: list[str] = (
     if cfg.seed is not None:
         cfg.sampler = dict(cfg.sampler, seed=cfg.seed)
     try:
-        for end in ("low", "high"):
-            trial_config(cfg, probe_values(cfg.space, end), 0)
+        for values in probes(cfg.space):
+            trial_config(cfg, values, 0)
     except UserError as e:
         raise UserError(f"sweep {path}: {e}") from None
     if cfg.n_trials < 1:
@@ -124,17 +124,23 @@ def _whole(v) -> bool:
 
 
 def check_storage_url(url: str | None) -> None:
-    """An Optuna storage URL SQLAlchemy can parse, with a dialect it knows (no connection is made)."""
+    """An Optuna storage URL SQLAlchemy can parse, with a dialect it knows (no connection is made), naming a
+    database that outlives the worker."""
     if url is None:
         return
     import sqlalchemy as sa
 
     try:
-        sa.engine.make_url(url).get_dialect()
+        parsed = sa.engine.make_url(url)
+        parsed.get_dialect()
     except Exception as e:   # a malformed URL, an unknown dialect, a missing driver module
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise UserError(mask_credentials(f"--storage {url} is not a database URL Optuna can open ({first}); use "
                                          "sqlite:///PATH or postgresql://...")) from None
+    if parsed.get_backend_name() == "sqlite" and parsed.database in (None, "", ":memory:"):
+        # an in-memory database: every trial would be lost when the worker ends, and no other worker could join
+        raise UserError(f"--storage {url} is an in-memory SQLite database, gone when the worker ends; name a file, "
+                        "e.g. sqlite:///runs/sweeps/optuna.db")
 
 
 def trial_config(sweep: SweepConfig, params: dict, trial_number: int, seed: int | None = None,
@@ -146,12 +152,14 @@ def trial_config(sweep: SweepConfig, params: dict, trial_number: int, seed: int 
 
     out = out_dir or Path(sweep.out_dir) / sweep.study_name / f"trial_{trial_number:04d}"
     ov = list(sweep.overrides) + [f"{k}={json.dumps(v)}" for k, v in params.items()]
-    ov += [f"out_dir={json.dumps(str(out))}", f"run_name=trial-{trial_number}", f"experiment={sweep.experiment}",
+    # (names and URLs as JSON strings: an override's value is read as YAML, where `#` starts a comment)
+    ov += [f"out_dir={json.dumps(str(out))}", f"run_name=trial-{trial_number}",
+           f"experiment={json.dumps(sweep.experiment)}",
            "progress_bar=false"]     # the sweep prints its own progress; Lightning's bars would interleave
     if sweep.tracking_uri:
-        ov.append(f"tracking_uri={sweep.tracking_uri}")
+        ov.append(f"tracking_uri={json.dumps(sweep.tracking_uri)}")
     if sweep.target:
-        ov.append(f"target={sweep.target}")
+        ov.append(f"target={json.dumps(sweep.target)}")
     if sweep.seed is not None:
         ov.append(f"seed={sweep.seed}")
     if seed is not None:
@@ -188,7 +196,7 @@ def study_fingerprint(sweep: SweepConfig, base) -> dict:
     space, the objectives and the counts the sweep regenerates missing data with. Budget (n_trials, total_trials,
     timeout), storage, runs folder, sampler, pruner and confirmation settings are left out: re-runs and workers
     legitimately differ in them, and none changes a trial's score. JSON-shaped, as the study's storage returns it."""
-    fp = {k: _portable(v, sweep.runs_dir) for k, v in flat_keys(dataclasses.asdict(base)).items()
+    fp = {k: portable(v, sweep.runs_dir) for k, v in flat_keys(dataclasses.asdict(base)).items()
           if k not in NOT_IN_FINGERPRINT}
     fp["space"] = sorted(sweep.space)       # the swept names, so an added or removed parameter shows too
     fp.update({f"space.{name}": spec for name, spec in sweep.space.items()})
@@ -203,11 +211,11 @@ def fingerprint_changes(old: dict, new: dict) -> list[str]:
     return [f"{k} {json.dumps(old[k])} → {json.dumps(new[k])}" for k in changed_keys(old, new)]
 
 
-def _portable(value, runs_dir: str):
+def portable(value, runs_dir: str):
     """A path under the runs folder (or the repository) written as the recipe writes it, `runs/...`: workers on
     other machines, with other folders and one shared database, describe the same study alike."""
     if isinstance(value, list):
-        return [_portable(v, runs_dir) for v in value]
+        return [portable(v, runs_dir) for v in value]
     if isinstance(value, str) and Path(value).is_absolute():
         for root, prefix in ((Path(runs_dir), RUNS_PREFIX), (repo_root(), "")):
             if Path(value).is_relative_to(root):

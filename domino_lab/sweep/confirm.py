@@ -91,7 +91,7 @@ def _train_seed(runner, trial, seed: int, role: str) -> tuple[str, str]:
 
     from ..train import train
     from .config import trial_config
-    from .trial import TrialProgress
+    from .trial import TrialProgress, end_run
 
     sweep = runner.sweep
     out = runner.dir / "confirm" / f"trial_{trial.number:04d}" / f"seed_{seed}"
@@ -106,9 +106,13 @@ def _train_seed(runner, trial, seed: int, role: str) -> tuple[str, str]:
                                 "optuna.trial": str(trial.number), "sweep.stage": "confirmation",
                                 "confirm.role": role, "confirm.seed": str(seed)})
     logger.log_hyperparams({f"trial.{k}": v for k, v in trial.params.items()})
-    res = train(cfg, extra_callbacks=[TrialProgress(f"confirm {role} (trial {trial.number}) seed {seed}",
-                                                    cfg.max_steps)],
-                logger=logger, target=runner.target)
+    try:
+        res = train(cfg, extra_callbacks=[TrialProgress(f"confirm {role} (trial {trial.number}) seed {seed}",
+                                                        cfg.max_steps)],
+                    logger=logger, target=runner.target)
+    except BaseException as e:      # the MLflow run must not stay RUNNING (the re-run trains this seed again)
+        end_run(logger.experiment, logger.run_id, "FAILED" if isinstance(e, Exception) else "KILLED")
+        raise
     return res["final_dir"], logger.run_id
 
 
@@ -120,9 +124,11 @@ def _score(runner, trial, seed: int, role: str) -> dict:
 
     key = f"confirm:{trial.number}:{seed}"
     done = runner._reload_study().user_attrs.get(key)
-    if done:
+    if done and len(done["per_prompt"]) == len(runner.confirm_prompts):
         return done
-    if seed == trial.user_attrs.get("seed", runner.base.seed) and _model_dir(trial):
+    if done and Path(done["dir"]).is_dir():     # scored on another confirm.prompts: the model is scored again
+        path, run_id = done["dir"], done["run_id"]
+    elif seed == trial.user_attrs.get("seed", runner.base.seed) and _model_dir(trial):
         path, run_id = _model_dir(trial), trial.user_attrs.get("mlflow_run_id")
     else:
         path, run_id = _train_seed(runner, trial, seed, role)
@@ -169,14 +175,17 @@ def run_confirmation(runner, study) -> dict | None:
         return None
     baseline = next(t for t in complete if t.user_attrs.get("baseline"))
     best = sorted((t for t in complete if not t.user_attrs.get("baseline")), key=lambda t: -t.values[0])[:c.top]
+    seed0 = baseline.user_attrs.get("seed", runner.base.seed)
+    seeds = [seed0 + k for k in range(c.seeds + 1)]
     prior = study.user_attrs.get("confirmations")
-    if prior and [x["best"]["trial"] for x in prior] == [t.number for t in best]:
+    if prior and [(x["best"]["trial"], x["seeds"], x["prompts"]) for x in prior] == \
+            [(t.number, seeds, len(runner.confirm_prompts)) for t in best]:
         return prior[0]          # done for these trials already (a re-run of a finished study)
+    # otherwise (other trials, or another confirm.seeds or confirm.prompts) the stage runs again: every model
+    # already scored on these prompts is taken from the study, only the missing ones are trained or scored
     if not _claim(runner):
         print("[sweep] the confirmation stage is running in another worker", file=sys.stderr)
         return None
-    seed0 = baseline.user_attrs.get("seed", runner.base.seed)
-    seeds = [seed0 + k for k in range(c.seeds + 1)]
     scores = {t.number: {str(s): _score(runner, t, s, "baseline" if t is baseline else "best") for s in seeds}
               for t in [baseline] + best}
     trial_scores = [t.values[0] for t in complete]

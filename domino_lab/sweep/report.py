@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import time
@@ -19,6 +20,18 @@ def _readable(path: Path) -> None:
     umask = os.umask(0)
     os.umask(umask)
     os.chmod(path, 0o666 & ~umask)
+
+
+def _json_safe(v):
+    """`v` with every NaN or infinite float as None: JSON has no NaN (Python would write a bare NaN that strict
+    readers, jq and browsers refuse), and a diverged trial's τ or loss can be one."""
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    if isinstance(v, dict):
+        return {k: _json_safe(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_json_safe(x) for x in v]
+    return v
 
 
 def _fmt(v):
@@ -194,10 +207,11 @@ def write_report(study, sweep, out_dir: Path, client, parent: str, tracking_uri:
     conf_rows = set(confirmation_lines(conf, sweep))
     table = "\n".join(l for l in lines if l.startswith("|") and l not in conf_rows)
     conf_table = "\n".join(l for l in confirmation_lines(conf, sweep) if l.startswith("|"))
-    summary = {"study": sweep.study_name, "counts": counts, "confirmation": conf,
-               "confirmations": study.user_attrs.get("confirmations"), "trials": rows, "answer": answer,
-               "table": table, "confirmation_table": conf_table, "how": how, "summary_md": str(out_dir / "summary.md"),
-               "summary_json": str(out_dir / "summary.json"), "plots": [str(p) for p in plots]}
+    summary = _json_safe({"study": sweep.study_name, "counts": counts, "confirmation": conf,
+                          "confirmations": study.user_attrs.get("confirmations"), "trials": rows, "answer": answer,
+                          "table": table, "confirmation_table": conf_table, "how": how,
+                          "summary_md": str(out_dir / "summary.md"), "summary_json": str(out_dir / "summary.json"),
+                          "plots": [str(p) for p in plots]})
     with atomic_path(out_dir / "summary.json") as tmp:
         tmp.write_text(json.dumps(summary, indent=2, default=str))
         _readable(tmp)

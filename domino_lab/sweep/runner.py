@@ -10,23 +10,23 @@ pruning, and the end-of-sweep report.
 from __future__ import annotations
 
 import sys
+import warnings
 from contextlib import contextmanager
 from pathlib import Path
 
 import optuna
 from lightning.pytorch.loggers import MLFlowLogger
 from mlflow.exceptions import MlflowException
-from mlflow.tracking import MlflowClient
 from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
 from optuna_integration import PyTorchLightningPruningCallback
 
 from ..errors import UserError, check_out_file, mask_credentials
-from ..training.tracking import default_artifact_location, default_tracking_uri
+from ..training.tracking import default_artifact_location, default_tracking_uri, open_tracking_store
 from .config import SweepConfig, base_values, fingerprint_changes, study_fingerprint, trial_config
 from .space import make_pruner, make_sampler, suggest
 from .storage import file_lock, sqlite_path, sweep_storage
 from ..decoding.metrics import speedup_bound
-from .trial import TrialProgress, confirmable, drafter_costs
+from .trial import TrialProgress, confirmable, drafter_costs, end_run
 
 DIRECTIONS = {"tau": "maximize", "draft_ms": "minimize", "draft_cost": "minimize"}
 SETUP_LOCK_KEY = 0x646F6D696E6F     # pg_advisory_lock key ("domino") serialising table creation
@@ -46,6 +46,10 @@ class StepPruningCallback(PyTorchLightningPruningCallback):
         if score is None:
             return
         self._trial.report(float(score), step=trainer.global_step)
+        # a trial that ran all its steps is complete whatever its last score: pruning saves nothing then, and
+        # would drop a finished trial from the ranking
+        if 0 < trainer.max_steps <= trainer.global_step:
+            return
         if self._trial.should_prune():
             raise optuna.TrialPruned(f"pruned at step {trainer.global_step} ({self.monitor}={float(score):.3f})")
 
@@ -71,6 +75,11 @@ class SweepRunner:
         db = sqlite_path(self.storage_url)
         if db is not None:      # a database file whose folder cannot exist: one error before any folder is made
             check_out_file(db, "--storage")
+        self.tracking_uri = sweep.tracking_uri or default_tracking_uri(sweep.runs_dir)
+        # an unreachable or damaged tracking store is one error now, before the sweep's folder and study exist (a
+        # new store gets its tables here: workers on one PostgreSQL database take turns)
+        with self._server_locks():
+            self.client = open_tracking_store(self.tracking_uri)
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
         except OSError as e:
@@ -80,9 +89,6 @@ class SweepRunner:
                 db.parent.mkdir(parents=True, exist_ok=True)
             except OSError as e:
                 raise UserError(f"cannot create the folder of Optuna storage {db}: {e.strerror}") from None
-        self.tracking_uri = sweep.tracking_uri or default_tracking_uri(sweep.runs_dir)
-        with self._setup_lock():
-            self.client = MlflowClient(self.tracking_uri)      # creates MLflow's tables if the file is new
         self.study = None
         self.parent = None
         self.confirm_prompts: list[list[int]] = []
@@ -99,9 +105,28 @@ class SweepRunner:
         with self._setup_lock():
             self.study = self._study()
             self._enqueue_baseline()
+            # trials of a killed worker: failed (and queued again) now rather than when this worker's first trial
+            # starts, so their MLflow runs are ended below even when no trial is left to run
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                optuna.storages.fail_stale_trials(self.study)
         with self._setup_lock():
             self.parent = self._parent_run()
+        self._end_failed_trial_runs(self.study)
         return self
+
+    def _end_failed_trial_runs(self, study) -> None:
+        """A worker killed without warning (SIGKILL, a lost machine) leaves its trial's MLflow run RUNNING for ever;
+        once the heartbeat has marked the trial FAIL, its run is ended to match."""
+        for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.FAIL,)):
+            run_id = t.user_attrs.get("mlflow_run_id")
+            if not run_id:
+                continue
+            try:
+                if self.client.get_run(run_id).info.status == "RUNNING":
+                    end_run(self.client, run_id, "KILLED", "FAIL")
+            except MlflowException:      # deleted, or in another store: nothing to end
+                pass
 
     def _prepare_features_and_prompts(self) -> None:
         """The offline feature cache (built here, with its progress bar, rather than silently inside the first
@@ -270,7 +295,7 @@ class SweepRunner:
 
     # ---- one trial ------------------------------------------------------------------------------------
     def objective(self, trial):
-        from ..train import train
+        from lightning.pytorch.utilities.exceptions import SIGTERMException
 
         params = suggest(trial, self.sweep.space)
         cfg = trial_config(self.sweep, params, trial.number)
@@ -281,15 +306,34 @@ class SweepRunner:
                                     "optuna.trial": str(trial.number)})
         logger.log_hyperparams({f"trial.{k}": v for k, v in params.items()})
         trial.set_user_attr("mlflow_run_id", logger.run_id)
-        callbacks = [StepPruningCallback(trial, monitor="val/tau")] if len(self.sweep.objectives) == 1 else []
-        callbacks.append(TrialProgress(self._trial_label(trial.number), cfg.max_steps))
         try:
-            res = train(cfg, extra_callbacks=callbacks, logger=logger, target=self.target)
+            out = self._train_trial(trial, cfg, logger)
         except optuna.TrialPruned:
-            logger.experiment.set_tag(logger.run_id, "optuna.state", "PRUNED")
-            logger.experiment.set_terminated(logger.run_id, "KILLED")
+            end_run(logger.experiment, logger.run_id, "KILLED", "PRUNED")
+            raise
+        except SIGTERMException:
+            # Optuna lets this SystemExit through and leaves the trial RUNNING until its heartbeat goes stale: it
+            # is failed and queued again now, as the heartbeat would, so the command's next run starts with it
+            end_run(logger.experiment, logger.run_id, "KILLED", "FAIL")
+            study = trial.study
+            study.tell(trial, state=optuna.trial.TrialState.FAIL)
+            retry = study._storage.get_heartbeat_stale_trial_callback()
+            if retry is not None:
+                retry(study, study._storage.get_trial(trial._trial_id))
+            raise
+        except (Exception, KeyboardInterrupt):      # what Optuna marks FAIL: the MLflow run must not stay RUNNING
+            end_run(logger.experiment, logger.run_id, "FAILED", "FAIL")
             raise
         logger.experiment.set_tag(logger.run_id, "optuna.state", "COMPLETE")
+        return out
+
+    def _train_trial(self, trial, cfg, logger):
+        """Train one trial's drafter and measure its step costs; its objective value(s)."""
+        from ..train import train
+
+        callbacks = [StepPruningCallback(trial, monitor="val/tau")] if len(self.sweep.objectives) == 1 else []
+        callbacks.append(TrialProgress(self._trial_label(trial.number), cfg.max_steps))
+        res = train(cfg, extra_callbacks=callbacks, logger=logger, target=self.target)
         trial.set_user_attr("best_dir", res["best_dir"])
         trial.set_user_attr("final_dir", res.get("final_dir"))
         trial.set_user_attr("seed", cfg.seed)
@@ -332,19 +376,27 @@ class SweepRunner:
         if self.sweep.total_trials:
             n_trials = max(0, min(n_trials, self.sweep.total_trials - self._finished_trials(study)))
             callbacks.append(optuna.study.MaxTrialsCallback(self.sweep.total_trials, states=DONE_STATES))
-        if n_trials:
-            self._update_parent_status(study)
-            study.optimize(self.objective, n_trials=n_trials, callbacks=callbacks + [self._trial_done],
-                           timeout=self.sweep.timeout_min * 60 if self.sweep.timeout_min else None,
-                           catch=(RuntimeError,), gc_after_trial=True, show_progress_bar=False)
-        final = self._reload_study()
-        if self.sweep.confirm.seeds and self._study_done(final):
-            from .confirm import run_confirmation
-
-            run_confirmation(self, final)
+        try:
+            if n_trials:
+                self._update_parent_status(study)
+                study.optimize(self.objective, n_trials=n_trials, callbacks=callbacks + [self._trial_done],
+                               timeout=self.sweep.timeout_min * 60 if self.sweep.timeout_min else None,
+                               catch=(RuntimeError,), gc_after_trial=True, show_progress_bar=False)
             final = self._reload_study()
-        summary = write_report(final, self.sweep, self.dir, self.client, self.parent, self.tracking_uri,
-                               self.storage_url, self.base.max_steps, base_cfg=self.base)
+            if self.sweep.confirm.seeds and self._study_done(final):
+                from .confirm import run_confirmation
+
+                run_confirmation(self, final)
+                final = self._reload_study()
+            # trials the heartbeat failed while this worker ran (a worker killed meanwhile)
+            self._end_failed_trial_runs(final)
+            summary = write_report(final, self.sweep, self.dir, self.client, self.parent, self.tracking_uri,
+                                   self.storage_url, self.base.max_steps, base_cfg=self.base)
+        except BaseException as e:
+            # the worker ends with an error (or a signal): its parent run must not claim to be RUNNING (the next
+            # worker to start sets it RUNNING again)
+            end_run(self.client, self.parent, "FAILED" if isinstance(e, Exception) else "KILLED")
+            raise
         self._update_parent_status(final)
         return summary
 

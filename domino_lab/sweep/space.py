@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Iterator
 
 from ..errors import UserError
 
@@ -53,12 +53,24 @@ def validate_space(space: dict) -> None:
 
 
 def probe_values(space: dict, end: str = "low") -> dict[str, Any]:
-    """One admissible value per parameter (fixed value, first or last choice, low or high end, as `end` says):
-    the names, and both ends of every range, are checked with a trial config of each."""
+    """One admissible value per parameter (fixed value, first or last choice, low or high end, as `end` says)."""
     first = end == "low"
     return {name: (spec.get("value") if spec["type"] == "fixed" else
                    spec["choices"][0 if first else -1] if spec["type"] == "categorical" else spec[end])
             for name, spec in space.items()}
+
+
+def probes(space: dict) -> Iterator[dict[str, Any]]:
+    """Value sets that together hold every name, both ends of every range and every categorical choice: a trial
+    config of each checks the whole space before any trial runs (a bad middle choice would otherwise end the
+    sweep when the sampler first draws it)."""
+    low = probe_values(space, "low")
+    yield low
+    yield probe_values(space, "high")
+    for name, spec in space.items():
+        if spec["type"] == "categorical":
+            for choice in spec["choices"][1:-1]:
+                yield dict(low, **{name: choice})
 
 
 def suggest(trial, space: dict) -> dict[str, Any]:
@@ -66,8 +78,9 @@ def suggest(trial, space: dict) -> dict[str, Any]:
     for name, spec in space.items():
         t = spec["type"]
         if t == "int":
+            # (step: null is no step, as validate_space reads it)
             out[name] = trial.suggest_int(name, int(spec["low"]), int(spec["high"]), log=bool(spec.get("log")),
-                                          step=int(spec.get("step", 1)))
+                                          step=int(spec.get("step") or 1))
         elif t == "float":
             out[name] = trial.suggest_float(name, float(spec["low"]), float(spec["high"]), log=bool(spec.get("log")),
                                             step=spec.get("step"))
@@ -79,11 +92,37 @@ def suggest(trial, space: dict) -> dict[str, Any]:
     return out
 
 
+# what a sampler's or pruner's argument annotation admits, for the simple types its YAML can hold
+_ARG_TYPES = {"int": ("a whole number", _is_int), "float": ("a number", _is_number),
+              "bool": ("true or false", lambda v: isinstance(v, bool)),
+              "str": ("a string", lambda v: isinstance(v, str)),
+              "None": ("null", lambda v: v is None)}
+
+
+def _check_arguments(cls, spec: dict, what: str) -> None:
+    """Optuna's samplers and pruners store their arguments unchecked (n_startup_trials: abc is accepted here and
+    fails at the first trial that reads it, mid-sweep): every argument annotated with simple types is checked
+    against them now. An argument annotated otherwise (a callable, a sampler) is left to the class."""
+    import inspect
+
+    params = inspect.signature(cls).parameters
+    for key, value in spec.items():
+        if key not in params:
+            continue            # the class itself names an unknown argument
+        ann = params[key].annotation
+        names = [n.strip() for n in (ann if isinstance(ann, str) else getattr(ann, "__name__", "")).split("|")]
+        if not all(n in _ARG_TYPES for n in names):
+            continue
+        if not any(_ARG_TYPES[n][1](value) for n in names):
+            raise UserError(f"{what}: {key} must be {' or '.join(_ARG_TYPES[n][0] for n in names)}, got {value!r}")
+
+
 def _build(kind_registry: dict, spec: dict, what: str, default: str):
     spec = dict(spec)
     kind = spec.pop("type", default)
     if kind not in kind_registry:
         raise UserError(f"unknown {what} '{kind}'; use one of {sorted(kind_registry)}")
+    _check_arguments(kind_registry[kind], spec, f"{what} {kind}")
     try:
         return kind_registry[kind](**spec)
     except (TypeError, ValueError) as e:      # an unknown argument, or a value the class refuses

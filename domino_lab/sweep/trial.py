@@ -1,5 +1,6 @@
 """Pieces of a sweep trial shared by the search and the confirmation stage (sweep/runner.py, sweep/confirm.py):
-whether a study can be confirmed, what a trial's drafter costs per step, and the progress bar inside a trial."""
+whether a study can be confirmed, ending the MLflow run of a trial that failed, what a trial's drafter costs per
+step, and the progress bar inside a trial."""
 from __future__ import annotations
 
 import sys
@@ -7,11 +8,27 @@ import sys
 import lightning.pytorch as pl
 import optuna
 
+from ..errors import mask_credentials
+
 
 def confirmable(study) -> bool:
     """A confirmation can run: a complete baseline trial and at least one other complete trial."""
     done = [t for t in study.get_trials(deepcopy=False) if t.state == optuna.trial.TrialState.COMPLETE]
     return any(t.user_attrs.get("baseline") for t in done) and any(not t.user_attrs.get("baseline") for t in done)
+
+
+def end_run(client, run_id: str, status: str, state: str | None = None) -> None:
+    """End an MLflow run of a trial that did not complete (`status` KILLED or FAILED), tagged with its trial's Optuna
+    `state`. Called while a failure is being handled: a store that refuses is reported, not raised over it."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        if state:
+            client.set_tag(run_id, "optuna.state", state)
+        client.set_terminated(run_id, status)
+    except MlflowException as e:
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        print(mask_credentials(f"[sweep] could not mark MLflow run {run_id} {status}: {first}"), file=sys.stderr)
 
 
 def drafter_costs(target, drafter) -> dict:
@@ -57,6 +74,10 @@ class TrialProgress(pl.Callback):
         if tau is not None and self.bar is not None:
             self.tau = float(tau)
             self.bar.set_postfix({"val τ": f"{self.tau:.3f}"})
+
+    def on_exception(self, trainer, pl_module, exception):
+        # (Lightning skips teardown on an exception: the bar would be cleared at exit, after the error line)
+        self.teardown(trainer, pl_module, None)
 
     def teardown(self, trainer, pl_module, stage):
         if self.bar is not None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from contextlib import contextmanager
 from pathlib import Path
 
 from ..errors import UserError, atomic_path, mask_credentials
@@ -90,18 +91,65 @@ def make_logger(tracking_uri: str | None, experiment: str, run_name: str | None,
         from mlflow.tracking import MlflowClient
 
         try:
-            MlflowClient(uri).get_run(run_id)
+            run = MlflowClient(uri).get_run(run_id)
         except MlflowException:
             raise UserError(mask_credentials(
                 f"--resume: the MLflow run {run_id} recorded in {out_dir / RUN_FILE} is not in the tracking store "
                 f"{uri}; resume with the tracking_uri the run was logged to, or delete {RUN_FILE} to continue in "
                 "a new MLflow run")) from None
+        if run.info.lifecycle_stage == "deleted":       # (MLflow refuses every write to a deleted run)
+            raise UserError(mask_credentials(
+                f"--resume: the MLflow run {run_id} recorded in {out_dir / RUN_FILE} was deleted from the tracking "
+                f"store {uri}; restore it (mlflow runs restore --run-id {run_id}), or delete {RUN_FILE} to continue "
+                "in a new MLflow run"))
     if not resume:
         end_abandoned_run(uri, out_dir)
     ensure_experiment(uri, experiment)
     logger = MLFlowLogger(experiment_name=experiment, run_name=run_name, tracking_uri=uri, run_id=run_id,
                           tags=tags, artifact_location=default_artifact_location(experiment, uri))
     return logger
+
+
+@contextmanager
+def _store_lock(uri: str):
+    """Several processes opening a new SQLite store at once each create its schema, and all but one die on "table
+    experiments already exists": a SQLite store is opened under a file lock beside it (other stores: no lock)."""
+    if not uri.startswith(SQLITE):
+        yield
+        return
+    import fcntl
+
+    db = Path(uri[len(SQLITE):])
+    db.parent.mkdir(parents=True, exist_ok=True)
+    with open(db.parent / f".{db.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _store_error(uri: str, e: Exception) -> UserError:
+    first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+    return UserError(mask_credentials(f"cannot use the MLflow tracking store {uri}: {first}; start its server, "
+                                      "repair or move the database, or choose another tracking URI"))
+
+
+def open_tracking_store(uri: str):
+    """An MlflowClient on `uri`, after one read from the store (a new SQLite store gets its tables here): an
+    unreachable server or a damaged database is one UserError before the caller creates a folder, a study or a
+    run, not a traceback half-way through."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+    from sqlalchemy.exc import SQLAlchemyError
+
+    try:
+        with _store_lock(uri):
+            client = MlflowClient(uri)
+            client.search_experiments(max_results=1)
+    except (MlflowException, SQLAlchemyError) as e:
+        raise _store_error(uri, e) from None
+    return client
 
 
 def ensure_experiment(uri: str, experiment: str) -> str:
@@ -112,6 +160,7 @@ def ensure_experiment(uri: str, experiment: str) -> str:
     initialised under a file lock beside it; any store answers a lost creation race by reading the winner's id."""
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
+    from sqlalchemy.exc import SQLAlchemyError
 
     def get_or_create() -> str:
         client = MlflowClient(uri)
@@ -126,18 +175,11 @@ def ensure_experiment(uri: str, experiment: str) -> str:
                 raise
             return found.experiment_id
 
-    if not uri.startswith(SQLITE):
-        return get_or_create()
-    import fcntl
-
-    db = Path(uri[len(SQLITE):])
-    db.parent.mkdir(parents=True, exist_ok=True)
-    with open(db.parent / f".{db.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
+    try:
+        with _store_lock(uri):
             return get_or_create()
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+    except (MlflowException, SQLAlchemyError) as e:     # unreachable, or a damaged database
+        raise _store_error(uri, e) from None
 
 
 def end_abandoned_run(uri: str, out_dir: Path) -> None:
