@@ -57,6 +57,17 @@ def last_line(err: str) -> str:
     return [line for line in err.splitlines() if line.strip()][-1]
 
 
+def sigterm_in_training(p, folder, pattern: str) -> str:
+    """SIGTERM to process `p` once `pattern` exists under `folder` and its training has begun; its stderr."""
+    try:
+        wait_for(folder, pattern, p)
+        time.sleep(1.5)
+        p.send_signal(signal.SIGTERM)
+        return p.communicate(timeout=120)[1]
+    finally:
+        p.kill()
+
+
 def test_sigterm_mid_trial_is_an_error_and_the_trial_is_queued_again(tiny, tmp_path):
     """Lightning's SIGTERMException is a SystemExit without a code: it went through Optuna and run_cli as exit 0,
     with no word and the trial left RUNNING. Now: one error line, exit 143, the trial failed and queued again,
@@ -68,13 +79,7 @@ def test_sigterm_mid_trial_is_an_error_and_the_trial_is_queued_again(tiny, tmp_p
                           trial_overrides(cfg, "max_steps=3000", "eval.every_n_steps=1000",
                                           "checkpoint_every_n_steps=1000")],
                          env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        wait_for(out, "tiny/trial_0000/mlflow_run.json", p)        # written just before fit starts
-        time.sleep(1.5)
-        p.send_signal(signal.SIGTERM)
-        _, err = p.communicate(timeout=120)
-    finally:
-        p.kill()
+    err = sigterm_in_training(p, out, "tiny/trial_0000/mlflow_run.json")     # written just before fit starts
     assert p.returncode == 143, err[-3000:]
     assert last_line(err) == "error: sweep stopped by SIGTERM; run the same command again to continue the study"
     study = optuna.load_study(study_name="tiny", storage=f"sqlite:///{out / 'optuna.db'}")
@@ -97,13 +102,7 @@ def test_sigterm_during_experiment_training_is_an_error(tiny, tmp_path):
                           "max_steps=3000", "eval.every_n_steps=1000", "checkpoint_every_n_steps=1000", "threads=1",
                           "--runs-dir", str(runs), "--out-dir", str(tmp_path / "out"), "--no-progress"],
                          env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        wait_for(runs, "domino-s0-*/mlflow_run.json", p)
-        time.sleep(1.5)
-        p.send_signal(signal.SIGTERM)
-        _, err = p.communicate(timeout=120)
-    finally:
-        p.kill()
+    err = sigterm_in_training(p, runs, "domino-s0-*/mlflow_run.json")
     assert p.returncode == 143, err[-3000:]
     assert last_line(err).startswith("error: training stopped by SIGTERM; run the same command again to continue")
     assert not (tmp_path / "out").exists()
