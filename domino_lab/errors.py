@@ -20,6 +20,23 @@ class UserError(Exception):
     """A problem with what the user asked for (bad path, bad config, bad prompt)."""
 
 
+class Stopped(Exception):
+    """A run stopped from outside (SIGTERM): `run_cli` prints `error: <message>` and exits 143, as a killed job."""
+
+
+@contextmanager
+def sigterm_stops(what: str, how: str | Callable[[], str]) -> Iterator[None]:
+    """Lightning turns a SIGTERM into a SystemExit without a code, which would end a command with exit 0 and no word:
+    inside this block it becomes `Stopped("<what> stopped by SIGTERM; <how>")`. `how` (or what it returns, read
+    after the stop) says how to continue."""
+    from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+    try:
+        yield
+    except SIGTERMException:
+        raise Stopped(f"{what} stopped by SIGTERM; {how() if callable(how) else how}") from None
+
+
 # scheme://user:password@host -> scheme://user:***@host (database and server URLs in messages and logs)
 _CREDENTIALS = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.\-]*://[^:/@\s]*:)[^@/\s]*@")
 
@@ -46,6 +63,9 @@ def run_cli(main: Callable[[list[str] | None], int | None], argv: list[str] | No
     except UserError as e:
         print(f"error: {mask_credentials(e)}", file=sys.stderr)
         sys.exit(2)
+    except Stopped as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(143)
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         sys.exit(130)

@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 import warnings
 
-from .errors import CliParser, UserError, atomic_path, check_out_dir, run_cli
+from .errors import CliParser, UserError, atomic_path, check_out_dir, run_cli, sigterm_stops
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -229,21 +229,18 @@ def _train(cfg, resume: bool, extra_callbacks, logger, target) -> dict:
 
 
 def main(argv=None) -> int:
-    import sys
 
     cfg, resume = resolve_config(argv)
-    from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-    try:
-        result = train(cfg, resume=resume)
-    except SIGTERMException:
-        # say how to continue (from on_exception.ckpt, or the last periodic checkpoint when the SIGTERM came during a
-        # validation: BoundaryExceptionCheckpoint), exit like a killed job
+    def how() -> str:
+        # from on_exception.ckpt, or the last periodic checkpoint when the SIGTERM came during a validation
+        # (BoundaryExceptionCheckpoint)
         ckpt_dir = Path(cfg.out_dir) / "checkpoints"
-        how = (f"continue it with the same command plus --resume (state in {ckpt_dir})" if latest_checkpoint(ckpt_dir)
-               else "it had no checkpoint yet: run the same command again, without --resume")
-        print(f"error: training stopped by SIGTERM; {how}", file=sys.stderr)
-        return 143
+        return (f"continue it with the same command plus --resume (state in {ckpt_dir})" if latest_checkpoint(ckpt_dir)
+                else "it had no checkpoint yet: run the same command again, without --resume")
+
+    with sigterm_stops("training", how):
+        result = train(cfg, resume=resume)
     from lightning.pytorch.utilities import rank_zero_only
 
     if rank_zero_only.rank == 0:     # (under data parallelism every process returns; rank 0 holds the result)

@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from ..errors import CliParser, UserError, atomic_path, check_out_dir, run_cli
+from ..errors import CliParser, UserError, atomic_path, check_out_dir, run_cli, sigterm_stops
 from ..validation import check_threads
 
 
@@ -199,16 +199,9 @@ def main(argv=None) -> int:
     if args.threads is not None:      # before anything runs: decoding, after every run is trained, would refuse it
         check_threads(args.threads)
     args.argv = argv
-    from lightning.pytorch.utilities.exceptions import SIGTERMException
-
-    try:
+    with sigterm_stops("training", "run the same command again to continue (finished runs are reused, the "
+                       "interrupted one resumes from its last checkpoint if it wrote one)"):
         run(args)
-    except SIGTERMException:
-        # Lightning's SystemExit without a code would exit 0 with no word; say how to continue and exit like a
-        # killed job, as `python -m domino_lab.train` does
-        print("error: training stopped by SIGTERM; run the same command again to continue (finished runs are "
-              "reused, the interrupted one resumes from its last checkpoint if it wrote one)", file=sys.stderr)
-        return 143
     return 0
 
 

@@ -13,9 +13,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 
-from ..errors import CliParser, UserError, run_cli
+from ..errors import CliParser, UserError, run_cli, sigterm_stops
 from ..validation import check_threads
 from .config import DEFAULT_SWEEP, load_sweep
 
@@ -102,8 +101,6 @@ def main(argv=None) -> int:
         if args.threads is not None:
             torch.set_num_threads(args.threads)
         _quiet()
-        from lightning.pytorch.utilities.exceptions import SIGTERMException
-
         from .runner import prepare, run_worker
 
         runner = prepare(sweep)
@@ -112,14 +109,9 @@ def main(argv=None) -> int:
             print(f"study '{sweep.study_name}' ready in {where} ({len(runner.study.trials)} trial(s) so far); "
                   f"training data in {runner.base.data.path}")
             return 0
-        try:
+        # (the runner has queued the interrupted trial again)
+        with sigterm_stops("sweep", "run the same command again to continue the study"):
             summary = run_worker(sweep, runner)
-        except SIGTERMException:
-            # Lightning's SystemExit without a code would exit 0 with no word; say how to continue and exit like a
-            # killed job, as `python -m domino_lab.train` does (the runner queued the interrupted trial again)
-            print("error: sweep stopped by SIGTERM; run the same command again to continue the study",
-                  file=sys.stderr)
-            return 143
     finally:
         if gpu_claim is not None:
             gpu_claim.close()        # frees the GPU for the next worker

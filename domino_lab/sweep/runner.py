@@ -21,7 +21,8 @@ from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
 from optuna_integration import PyTorchLightningPruningCallback
 
 from ..errors import UserError, check_out_file, mask_credentials
-from ..training.tracking import default_artifact_location, default_tracking_uri, open_tracking_store
+from ..training.tracking import (default_artifact_location, default_tracking_uri, end_if_running,
+                                 open_tracking_store)
 from .config import SweepConfig, base_values, fingerprint_changes, study_fingerprint, trial_config
 from .space import make_pruner, make_sampler, suggest
 from .storage import file_lock, sqlite_path, sweep_storage
@@ -119,14 +120,8 @@ class SweepRunner:
         """A worker killed without warning (SIGKILL, a lost machine) leaves its trial's MLflow run RUNNING for ever;
         once the heartbeat has marked the trial FAIL, its run is ended to match."""
         for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.FAIL,)):
-            run_id = t.user_attrs.get("mlflow_run_id")
-            if not run_id:
-                continue
-            try:
-                if self.client.get_run(run_id).info.status == "RUNNING":
-                    end_run(self.client, run_id, "KILLED", "FAIL")
-            except MlflowException:      # deleted, or in another store: nothing to end
-                pass
+            if t.user_attrs.get("mlflow_run_id"):
+                end_if_running(self.client, t.user_attrs["mlflow_run_id"], "KILLED", "FAIL")
 
     def _prepare_features_and_prompts(self) -> None:
         """The offline feature cache (built here, with its progress bar, rather than silently inside the first

@@ -190,15 +190,22 @@ def end_abandoned_run(uri: str, out_dir: Path) -> None:
         run_id = read_run_id(out_dir)
     except UserError:
         return
-    if run_id is None:
-        return
-    from mlflow.exceptions import MlflowException
-    from mlflow.tracking import MlflowClient
+    if run_id is not None:
+        from mlflow.tracking import MlflowClient
 
-    client = MlflowClient(uri)
+        end_if_running(MlflowClient(uri), run_id, "KILLED")
+
+
+def end_if_running(client, run_id: str, status: str, state: str | None = None) -> None:
+    """End an MLflow run that nothing will end any more (its process was killed) if it still shows RUNNING, tagged
+    with its Optuna `state` if given; a run this store does not have (deleted, or in another store) is left alone."""
+    from mlflow.exceptions import MlflowException
+
     try:
         if client.get_run(run_id).info.status == "RUNNING":
-            client.set_terminated(run_id, "KILLED")
+            if state:
+                client.set_tag(run_id, "optuna.state", state)
+            client.set_terminated(run_id, status)
     except MlflowException:
         pass
 
