@@ -120,7 +120,8 @@ def _train(cfg, resume: bool, extra_callbacks, logger, target) -> dict:
     from .training.config import drafter_config
     from .training.datamodule import DrafterDataModule
     from .training.module import DrafterModule
-    from .training.tracking import forget_metrics_from, make_logger, plot_curves, read_run_id, remember_run
+    from .training.tracking import (default_tracking_uri, forget_metrics_from, make_logger, open_tracking_store,
+                                    plot_curves, read_run_id, remember_run)
     import yaml
 
     out_dir = check_out_dir(cfg.out_dir, "out_dir")      # a file there, or no room to write: before any work
@@ -142,6 +143,8 @@ def _train(cfg, resume: bool, extra_callbacks, logger, target) -> dict:
         if not Path(path).exists():
             raise UserError(f"training data {path} does not exist; create it with "
                             "`python -m domino_lab.regenerate --out <dir>` and set data.path (or data.extra_paths)")
+    if logger is None:       # a damaged or unreachable store: one error now, not a traceback and an empty folder
+        open_tracking_store(cfg.tracking_uri or default_tracking_uri())
     pl.seed_everything(cfg.seed, workers=True, verbose=False)
     target = target or Target.from_pretrained(cfg.target, dtype=cfg.dtype)
     dcfg = drafter_config(cfg.drafter, target)

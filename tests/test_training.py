@@ -679,3 +679,19 @@ def test_a_fresh_run_ends_the_abandoned_run_of_its_folder(tmp_path):
     make_logger(uri, "e", None, out, resume=False)          # damaged: nothing to end, no error
     (out / RUN_FILE).write_text(json.dumps({"run_id": "0" * 32}))
     make_logger(uri, "e", None, out, resume=False)          # a run this store does not have
+
+
+def test_a_damaged_tracking_store_is_one_error_before_the_run_folder_exists(tiny, tmp_path, capsys):
+    """The store was first opened by the logger, after the target, the data and the run folder: a traceback, and an
+    empty folder left where the run was to be."""
+    from domino_lab.train import main
+
+    bad = tmp_path / "mlflow.db"
+    bad.write_bytes(b"not a database " * 400)
+    out = tmp_path / "run"
+    with pytest.raises(SystemExit) as e:
+        run_cli(main, quick_args(tiny, out, 2) + [f"tracking_uri=sqlite:///{bad}"])
+    err = [x for x in capsys.readouterr().err.strip().splitlines() if x.strip()]
+    assert e.value.code == 2 and len(err) == 1, err
+    assert "cannot use the MLflow tracking store" in err[0] and "file is not a database" in err[0]
+    assert not out.exists()
