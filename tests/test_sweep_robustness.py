@@ -346,3 +346,24 @@ def test_more_confirmation_seeds_or_prompts_are_run_not_ignored(tmp_path, capsys
     assert more["best"]["tau_per_seed"][:2] == first["best"]["tau_per_seed"]
     fewer = confirm("confirm={seeds: 2, prompts: 3}")
     assert fewer["prompts"] == 3 and fewer["n_pairs"] == 9 and len(runs()) == 4
+
+
+def test_workers_sharing_a_study_count_running_trials_and_only_the_last_one_confirms(tmp_path):
+    """With total_trials, a worker counted only finished trials: a worker whose trial ended while another worker's
+    still ran started one more (overshooting the total), and took the study as done and confirmed its winner while
+    the other trial, which might still win, was running."""
+    from domino_lab.sweep.runner import BOOKED_STATES, study_done
+
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path / 'o.db'}", study_name="s")
+    study.optimize(lambda t: t.suggest_float("x", 0, 1), n_trials=1)
+    other = study.ask()                          # another worker's trial, still running
+    assert not study_done(study, 2) and not study_done(study, None)
+    # this worker's next trial completes the total with the running one; the budget callback stops it there
+    study.optimize(lambda t: t.suggest_float("x", 0, 1), n_trials=5,
+                   callbacks=[optuna.study.MaxTrialsCallback(3, states=BOOKED_STATES)])
+    assert [t.state.name for t in study.trials].count("COMPLETE") == 2
+    assert not study_done(study, 3)
+    study.tell(other, 0.5)
+    assert study_done(study, 3) and study_done(study, None)
+    study.enqueue_trial({"x": 0.1})              # a queued trial: the study without a total is not done
+    assert study_done(study, 3) and not study_done(study, None)

@@ -32,6 +32,9 @@ from .trial import TrialProgress, confirmable, drafter_costs, end_run
 DIRECTIONS = {"tau": "maximize", "draft_ms": "minimize", "draft_cost": "minimize"}
 SETUP_LOCK_KEY = 0x646F6D696E6F     # pg_advisory_lock key ("domino") serialising table creation
 DONE_STATES = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)   # trials that count
+# ... and those that will: a worker starts no trial once these reach total_trials, so workers sharing a study overshoot
+# it only by trials they start at the same moment
+BOOKED_STATES = DONE_STATES + (optuna.trial.TrialState.RUNNING,)
 PARENT_ATTR = "mlflow_parent_run_id"
 FINGERPRINT_ATTR = "config_fingerprint"
 
@@ -263,15 +266,8 @@ class SweepRunner:
             self.client.set_terminated(run.info.run_id, "KILLED")
         return winner
 
-    def _finished_trials(self, study) -> int:
-        return len(study.get_trials(deepcopy=False, states=DONE_STATES))
-
     def _study_done(self, study) -> bool:
-        """The study reached its trial count (total_trials; without one, no trial is running or waiting)."""
-        if self.sweep.total_trials:
-            return self._finished_trials(study) >= self.sweep.total_trials
-        pending = (optuna.trial.TrialState.RUNNING, optuna.trial.TrialState.WAITING)
-        return not study.get_trials(deepcopy=False, states=pending)
+        return study_done(study, self.sweep.total_trials)
 
     def _update_parent_status(self, study) -> None:
         """The parent run is RUNNING while the study has work left (its trials, then the confirmation stage) and
@@ -369,8 +365,9 @@ class SweepRunner:
         study = self.study
         n_trials, callbacks = self.sweep.n_trials, []
         if self.sweep.total_trials:
-            n_trials = max(0, min(n_trials, self.sweep.total_trials - self._finished_trials(study)))
-            callbacks.append(optuna.study.MaxTrialsCallback(self.sweep.total_trials, states=DONE_STATES))
+            booked = len(study.get_trials(deepcopy=False, states=BOOKED_STATES))
+            n_trials = max(0, min(n_trials, self.sweep.total_trials - booked))
+            callbacks.append(optuna.study.MaxTrialsCallback(self.sweep.total_trials, states=BOOKED_STATES))
         try:
             if n_trials:
                 self._update_parent_status(study)
@@ -394,6 +391,15 @@ class SweepRunner:
             raise
         self._update_parent_status(final)
         return summary
+
+
+def study_done(study, total_trials: int | None) -> bool:
+    """Every trial of the study is over: `total_trials` of them finished (without a total: none waiting), and none
+    running. Another worker's running trial may yet be the best one; that worker confirms the winner when it ends."""
+    running = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
+    if total_trials:
+        return not running and len(study.get_trials(deepcopy=False, states=DONE_STATES)) >= total_trials
+    return not running and not study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,))
 
 
 def prepare(sweep: SweepConfig, target=None) -> SweepRunner:
