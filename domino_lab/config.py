@@ -158,17 +158,21 @@ def apply_override(data: dict, assignment: str) -> None:
     if "=" not in assignment:
         raise UserError(f"override '{assignment}' must look like key=value (e.g. loss.gamma=5)")
     key, raw = assignment.split("=", 1)
-    node = data
-    parts = key.strip().split(".")
-    for p in parts[:-1]:
-        node = node.setdefault(p, {})
-        if not isinstance(node, dict):
-            raise UserError(f"override '{assignment}': '{p}' is not a section")
     try:
-        node[parts[-1]] = yaml.safe_load(raw)
+        value = yaml.safe_load(raw)
     except yaml.YAMLError as e:
         raise UserError(f"override '{assignment}': the value is not valid YAML ({str(e).splitlines()[0]}); quote "
                         "text, and close brackets: key=[1, 2]") from None
+    node, parts = data, key.strip().split(".")
+    # a mapping keyed by dotted names (a sweep's space: 'drafter.rank') is addressed by the longest name it holds:
+    # space.drafter.rank.low=8 sets 'low' of 'drafter.rank'
+    while len(parts) > 1 and ".".join(parts) not in node:
+        j = next((j for j in range(len(parts) - 1, 1, -1) if ".".join(parts[:j]) in node), 1)
+        node = node.setdefault(".".join(parts[:j]), {})
+        if not isinstance(node, dict):
+            raise UserError(f"override '{assignment}': '{'.'.join(parts[:j])}' is not a section")
+        parts = parts[j:]
+    node[".".join(parts)] = value
 
 
 def read_yaml(path: str | Path) -> dict:

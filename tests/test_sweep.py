@@ -10,7 +10,7 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
-from domino_lab.errors import run_cli
+from domino_lab.errors import UserError, run_cli
 from domino_lab.sweep.__main__ import main
 from domino_lab.sweep.storage import sweep_storage
 from core_helpers import tiny_sweep_yaml, tiny_target
@@ -133,6 +133,20 @@ def test_enqueued_trials_are_claimed_once(tmp_path):
     for p in procs:
         p.join(timeout=60)
     assert sorted(claimed) == sorted(t._trial_id for t in study.get_trials())
+
+
+def test_space_overrides_address_parameters_by_their_dotted_names():
+    """`space.drafter.rank.low=8` made a section 'drafter' in the space and failed with "space.drafter: needs
+    'type'"; it now sets 'low' of 'drafter.rank', and a new parameter given as a nested override is one error
+    saying how a parameter is named."""
+    from domino_lab.sweep.config import load_sweep
+
+    space = load_sweep(overrides=["space.drafter.rank.low=8", "space.optim.lr={type: fixed, value: 0.001}"]).space
+    assert space["drafter.rank"]["low"] == 8 and space["optim.lr"] == {"type": "fixed", "value": 0.001}
+    assert "drafter" not in space and "optim" not in space
+    with pytest.raises(UserError, match=r"space\.drafter: needs 'type'.*named by its whole key, e\.g\. "
+                                        r"'drafter\.num_layers'"):
+        load_sweep(overrides=["space.drafter.num_layers={type: int, low: 1, high: 2}"])
 
 
 def test_bad_sweep_config(tmp_path, capsys):

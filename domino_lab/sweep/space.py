@@ -22,7 +22,10 @@ def validate_space(space: dict) -> None:
         raise UserError("the sweep has an empty search space; add parameters under 'space:'")
     for name, spec in space.items():
         if not isinstance(spec, dict) or spec.get("type") not in PARAM_TYPES:
-            raise UserError(f"space.{name}: needs 'type' in {list(PARAM_TYPES)}")
+            nested = isinstance(spec, dict) and spec and all(isinstance(v, dict) for v in spec.values())
+            raise UserError(f"space.{name}: needs 'type' in {list(PARAM_TYPES)}" + (
+                f"; a parameter is named by its whole key, e.g. '{name}.{next(iter(spec))}': {{type: ...}} in the "
+                "sweep YAML" if nested else ""))
         t = spec["type"]
         if t in ("int", "float"):
             number = _is_int if t == "int" else _is_number
