@@ -47,20 +47,54 @@ def test_infer_equals_the_cached_forward(target, spec):
             start += new
 
 
-def test_compiled_backbone_decodes_losslessly_and_drafts_what_eager_drafts(target):
-    prompts = [load_eval_set(s, limit=1)[0]["prompt"] for s in ("math", "humaneval")]
-    eager = load_drafter("default", target)
-    compiled = load_drafter("default", target, options=InferenceOptions(backbone_impl="compiled"))
+@pytest.mark.parametrize("spec", ["default", "default-dflash"])
+def test_compiled_backbone_decodes_losslessly_and_drafts_what_eager_drafts(target, spec):
+    """Chains and trees through the compiled pass (embeddings, copy input, backbone, draft LM head and its top-k as
+    one graph) decode what plain decoding does, step by step as the eager drafter does, with the same base top-k in
+    the records; copy candidates outside the FR-Spec list (names in the prompt) extend the logits after the graph."""
+    # (humaneval's 11th prompt drafts from copy candidates outside the FR-Spec list)
+    prompts = [load_eval_set("math", limit=1)[0]["prompt"], load_eval_set("humaneval", limit=11)[10]["prompt"]]
+    eager = load_drafter(spec, target)
+    compiled = load_drafter(spec, target, options=InferenceOptions(backbone_impl="compiled"))
+    extended = []
+    unlisted = compiled.unlisted
+    compiled.unlisted = lambda ids: extended.append(x := unlisted(ids)) or x
     for p in prompts:
         plain = speculative_generate(target, None, prompt=p, max_new_tokens=40).token_ids
-        a = speculative_generate(target, eager, prompt=p, max_new_tokens=40)
-        b = speculative_generate(target, compiled, prompt=p, max_new_tokens=40)
-        assert a.token_ids == b.token_ids == plain
-        # the same drafts, step by step (fusion reorders float sums, which moves no argmax here)
-        assert [s.accepted for s in a.steps] == [s.accepted for s in b.steps]
-    assert getattr(compiled, "_infer", None) is not None and getattr(eager, "_infer", None) is None
+        for nodes in (0, 16):
+            a = speculative_generate(target, eager, prompt=p, max_new_tokens=40, tree_nodes=nodes, topk=5)
+            b = speculative_generate(target, compiled, prompt=p, max_new_tokens=40, tree_nodes=nodes, topk=5)
+            assert a.token_ids == b.token_ids == plain
+            # the same drafts, step by step (fusion reorders float sums, which moves no argmax here)
+            assert [s.accepted for s in a.steps] == [s.accepted for s in b.steps]
+            assert [s.base_topk_ids for s in a.steps] == [s.base_topk_ids for s in b.steps]
+            for x, y in zip(a.steps, b.steps):
+                assert (x.base_topk_logits is None) == (y.base_topk_logits is None)
+                if x.base_topk_logits is not None:
+                    assert torch.allclose(torch.tensor(x.base_topk_logits), torch.tensor(y.base_topk_logits),
+                                          atol=1e-3)
+    assert any(x is not None and x.numel() for x in extended)        # the extension after the graph was taken
+    assert "_draft_pass" in compiled._compiled and getattr(eager, "_compiled", None) is None
 
 
 def test_backbone_impl_is_checked():
     with pytest.raises(UserError, match="unknown backbone implementation 'jit'"):
         InferenceOptions(backbone_impl="jit")
+
+
+def test_every_graph_is_compiled_at_the_first_draft(target):
+    """An empty cache, a context of one position and the general case each take a graph; all three are compiled at
+    the first draft, so no later step (a step that accepted nothing, a new prompt) stalls to compile, and the
+    cache's layout (views of a buffer) does not multiply them."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()           # graphs compiled by earlier tests would serve this drafter too
+    d = load_drafter("default", target, options=InferenceOptions(backbone_impl="compiled"))
+    rows = load_eval_set("humaneval", limit=3)
+    before = counters["stats"]["unique_graphs"]
+    first = speculative_generate(target, d, prompt="def f(x):\n", max_new_tokens=6)       # one draft: compiles
+    graphs = counters["stats"]["unique_graphs"]
+    assert first.steps and graphs == before + 3
+    steps = [s for r in rows for s in speculative_generate(target, d, prompt=r["prompt"], max_new_tokens=60).steps]
+    assert any(s.accepted == 0 for s in steps[1:])          # a later step's draft took a 1-position context
+    assert counters["stats"]["unique_graphs"] == graphs

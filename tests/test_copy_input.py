@@ -75,7 +75,7 @@ def test_candidates_outside_the_frspec_list_can_be_drafted(target):
         d.copy_input.proj.weight.mul_(50.0)
     h = torch.zeros(1, 8, 32, dtype=target.dtype)
     cands = torch.tensor([[30, 31, 5, -1, 30, 31, 5, 6]])
-    base, vm = d._draft_logits(h, (cands, torch.tensor([3]), torch.zeros(1, 2)))
+    base, vm = d.draft_logits(h, cands)
     assert base.shape[-1] == 6 and sorted(vm.tolist()) == [5, 6, 7, 8, 30, 31]
 
 

@@ -131,7 +131,8 @@ class Backbone(nn.Module):
         for layer, (pk, pv) in zip(self.layers, past):
             a, h = layer.self_attn, layer.input_layernorm(x)
             k, v = a.kv(torch.cat([ctx, h], dim=1), *kv_rope)
-            new.append((k[:, :, :c], v[:, :, :c]))
+            # (contiguous: the cache then holds tensors of one layout, and a compiled caller one graph for them)
+            new.append((k[:, :, :c].contiguous(), v[:, :, :c].contiguous()))
             x = x + a.attend(h, torch.cat([pk, k], dim=2), torch.cat([pv, v], dim=2), blk_rope)
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         return self.norm(x), new

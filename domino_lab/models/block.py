@@ -55,21 +55,39 @@ class BlockDrafter(Drafter):
         add = self.copy_input(self.embed(cands.clamp(min=0)), cands >= 0, lens, record.to(emb.dtype))
         return emb + F.pad(add, (0, 0, cfg.first_draft_slot, cfg.block_size - cfg.first_draft_slot - n))
 
-    def _draft_logits(self, h: torch.Tensor, copy) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Draft logits of h [b, m, H] and their columns' vocabulary ids: a copy drafts the text's own tokens, which
-        may be rare ones (names in a prompt) that an FR-Spec list leaves out, so its candidates extend the list."""
-        use = copy is not None and self.copy_input is not None and self.draft_vocab is not None
-        return self.draft_logits(h, copy[0][copy[0] >= 0].unique() if use else None)
+    def _draft_slots(self, ctx_feats, ctx_start, anchor, start, cache, key_valid, copy, noise, m: int, n: int,
+                     topk: int):
+        """The block's pass for drafting: the first m draft slots' states h [b, m, H], their draft logits
+        [b, m, K'] (Gumbel `noise` added) with the columns' vocabulary ids, and the top-k (vocabulary ids, values)
+        of the first n slots' logits. A copy drafts the text's own tokens, which may be rare ones (names in a
+        prompt) that an FR-Spec list leaves out, so its candidates extend the list (one more LM-head row each)."""
+        cfg = self.config
+        vm = self.draft_vocab
+        k = min(topk, vm.numel() if vm is not None else cfg.vocab_size)
+        # the compiled backbone runs on through the LM head and its top-k (one graph); otherwise None
+        out = self._block_states(ctx_feats, ctx_start, anchor, start, cache, key_valid, copy,
+                                 head=(self.draft_head_rows(), vm, k))
+        if out is None:
+            hs = self._block_states(ctx_feats, ctx_start, anchor, start, cache, key_valid, copy)
+            h, base, top = hs[:, cfg.first_draft_slot: cfg.first_draft_slot + m], None, None
+        else:
+            h, base, top = out[0][:, :m], out[1][:, :m], out[2]
+        base, cols = self.draft_logits(h, copy[0] if copy is not None and self.copy_input is not None else None,
+                                       base)
+        base = add_noise(base, noise, cols)      # Gumbel-coupled sampling: the greedy rollout of noisy logits
+        if top is None or noise is not None or cols is not vm:
+            return h, base, cols, _top(base[:, :n], min(topk, base.shape[-1]), cols)
+        return h, base, cols, (top[0][:, :n], top[1][:, :n])
 
     # ---- inference -----------------------------------------------------------------------------
-    def _block_states(self, ctx_feats, ctx_start, anchor, start, cache, key_valid=None, copy=None) -> torch.Tensor:
+    def _block_states(self, ctx_feats, ctx_start, anchor, start, cache, key_valid=None, copy=None, head=None):
         """The backbone's states [b, block_size, H] of the block `[anchor, MASK, ...]` at `start`; the new context
-        enters the draft cache, and only context K/V stay in it afterwards."""
+        enters the draft cache, and only context K/V stay in it afterwards. With `head` = (LM-head rows, their
+        vocabulary ids, k) and the compiled backbone (options.backbone_impl), the draft slots' states, logits and
+        base top-k come back instead (`_compiled_pass`), or None where that path does not apply."""
         cfg = self.config
         b = anchor.shape[0]
         dev = anchor.device
-        block_ids = torch.full((b, cfg.block_size), cfg.mask_token_id, dtype=torch.long, device=dev)
-        block_ids[:, 0] = anchor
         start = torch.as_tensor(start, device=dev).reshape(-1, 1)
         block_pos = (start + torch.arange(cfg.block_size, device=dev)).expand(b, -1)
         ctx_pos = None
@@ -77,42 +95,94 @@ class BlockDrafter(Drafter):
             ctx_start = torch.as_tensor(ctx_start, device=dev)
             ctx_pos = ctx_start if ctx_start.dim() == 2 else (      # [b, C]: every slot's own position
                 ctx_start.reshape(-1, 1) + torch.arange(ctx_feats.shape[1], device=dev)).expand(b, -1)
-        emb = self._block_embeddings(block_ids, copy)
         if (self.options.backbone_impl == "compiled" and cache is not None and key_valid is None and b == 1
                 and ctx_feats is not None and ctx_feats.shape[1]):
-            return self._compiled_states(emb, block_pos, ctx_feats, ctx_pos, cache)
+            return self._compiled_pass(anchor, copy, ctx_feats, torch.cat([ctx_pos, block_pos], 1), cache, head)
+        if head is not None:
+            return None
+        emb = self._block_embeddings(self._block_ids(anchor), copy)
         mask = key_valid[:, None, None, :] if key_valid is not None else None    # broadcast over heads, queries
         hs = self.backbone(emb, block_pos, ctx_feats, ctx_pos, mask=mask, cache=cache)
         if cache is not None:
             cache.crop(-cfg.block_size)      # keep context K/V only; block K/V are recomputed every round
         return hs
 
-    def _compiled_states(self, emb, block_pos, ctx_feats, ctx_pos, cache) -> torch.Tensor:
-        """`_block_states` through the compiled `Backbone.infer` (options.backbone_impl): the cache's keys and values
-        go in as tensors and only the new context's come back into it, so there is no block part to crop. One graph
-        with dynamic lengths serves every step (the context grows; a step adds 1 to block-size positions)."""
+    def _block_ids(self, anchor: torch.Tensor) -> torch.Tensor:
+        """Blocks [b, block_size] `[anchor, MASK, ...]` of anchors [b]."""
+        ids = torch.full((anchor.shape[0], self.config.block_size), self.config.mask_token_id, dtype=torch.long,
+                         device=anchor.device)
+        ids[:, 0] = anchor
+        return ids
+
+    def _states_pass(self, anchor, copy, ctx_feats, pos, past):
+        """One pass with the draft cache's keys and values as plain tensors, so that torch.compile takes it as one
+        graph: the block's embeddings (with its copy input) and the backbone (`Backbone.infer`). Returns the
+        block's states and the new context's keys and values per layer."""
+        return self.backbone.infer(self._block_embeddings(self._block_ids(anchor), copy), ctx_feats, pos, past)
+
+    def _draft_pass(self, anchor, copy, ctx_feats, pos, past, weight, bias, k: int):
+        """`_states_pass` on through the draft LM head (rows `weight`, `bias`): ((the draft slots' states, their
+        logits over those rows, the logits' top k (column indices, values))), the new keys and values)."""
         cfg = self.config
-        empty = emb.new_zeros(1, cfg.num_key_value_heads, 0, cfg.head_dim)
+        hs, new = self._states_pass(anchor, copy, ctx_feats, pos, past)
+        h = hs[:, cfg.first_draft_slot: cfg.first_draft_slot + cfg.num_drafts]
+        base = F.linear(h, weight, bias)
+        top = base.topk(k, dim=-1)
+        return (h, base, (top.indices, top.values)), new
+
+    def _compiled_pass(self, anchor, copy, ctx_feats, pos, cache, head):
+        """`_states_pass` (head None) or `_draft_pass` (head = ((weight, bias), vocabulary ids of the rows or None,
+        k)), compiled (options.backbone_impl): the cache's keys and values go in as tensors and only the new
+        context's come back into it, so there is no block part to crop. Graphs with dynamic lengths serve every
+        step (the context grows; a step adds 1 to block-size positions): `_compiled_fn`."""
+        cfg = self.config
         layers = cache.layers
-        past = [(layers[i].keys, layers[i].values) if i < len(layers) and layers[i].is_initialized else (empty, empty)
+        # (an empty layer gets tensors of its own: inputs that alias each other compile a graph of their own)
+        past = [(layers[i].keys, layers[i].values) if i < len(layers) and layers[i].is_initialized else
+                tuple(ctx_feats.new_zeros(1, cfg.num_key_value_heads, 0, cfg.head_dim) for _ in range(2))
                 for i in range(cfg.num_layers)]
-        args = (emb, ctx_feats, torch.cat([ctx_pos, block_pos], 1), past)
-        if getattr(self, "_infer", None) is None:
-            try:                # the first call compiles; inductor's CPU code needs a C++ compiler
-                compiled = torch.compile(self.backbone.infer, dynamic=True)
-                hs, new = compiled(*args)
-                self._infer = compiled
+        if self.copy_input is not None and copy is None:      # no candidate: the same graph, adding nothing
+            copy = (torch.full((1, cfg.num_drafts), -1, device=anchor.device),
+                    torch.zeros(1, dtype=torch.long, device=anchor.device), ctx_feats.new_zeros(1, 2))
+        # a copy: the features are a view of the verify's output, and a graph compiled for one view guards on its base
+        ctx_feats = ctx_feats.clone()
+        fn, args = (self._states_pass, ()) if head is None else (self._draft_pass, (*head[0], head[2]))
+        out, new = self._compiled_fn(fn, anchor, copy, ctx_feats, args)(anchor, copy, ctx_feats, pos, past, *args)
+        for i, (k, v) in enumerate(new):
+            cache.update(k, v, i)
+        if head is not None:
+            h, base, (idx, val) = out
+            out = h, base, (to_vocab(idx, head[1]), val)
+        return out
+
+    def _compiled_fn(self, fn, anchor, copy, ctx_feats, args):
+        """`fn` (`_states_pass` or `_draft_pass`) under torch.compile, compiled at its first use with every graph a
+        decode meets, so that no later step stalls to compile: torch specialises on lengths 0 and 1, so an empty
+        cache and a context of one position (a step that accepted no draft) take graphs of their own, beside the
+        general one. The example calls hold the cached keys and values as a decode's cache does (views of a larger
+        buffer), at lengths that match no other dimension (torch would equate them). Without a C++ compiler (or
+        any other compiler failure) the pass runs uncompiled, after one warning."""
+        compiled = getattr(self, "_compiled", None)
+        if compiled is None:
+            compiled = self._compiled = {}
+        if fn.__name__ not in compiled:
+            cfg, c = self.config, torch.compile(fn, dynamic=True)
+
+            def kv(n_past):
+                buf = ctx_feats.new_zeros(1, cfg.num_key_value_heads, 29, cfg.head_dim)
+                return buf.narrow(2, 0, n_past) if n_past else buf[:, :, :0].clone()
+            try:
+                for n_past, n_ctx in ((0, 3), (13, 3), (13, 1)):
+                    c(anchor, copy, ctx_feats.new_zeros(1, n_ctx, ctx_feats.shape[-1]),
+                      torch.arange(n_past, n_past + n_ctx + cfg.block_size, device=anchor.device)[None].clone(),
+                      [(kv(n_past), kv(n_past)) for _ in range(cfg.num_layers)], *args)
             except Exception as e:      # noqa: BLE001 -- any compiler failure: the same pass, uncompiled
                 warnings.warn(f"the compiled backbone is not available here ({type(e).__name__}: "
                               f"{str(e).strip().splitlines()[0] if str(e).strip() else ''}); drafting with the "
                               "eager one", stacklevel=2)
-                self._infer = self.backbone.infer
-                hs, new = self._infer(*args)
-        else:
-            hs, new = self._infer(*args)
-        for i, (k, v) in enumerate(new):
-            cache.update(k, v, i)
-        return hs
+                c = fn
+            compiled[fn.__name__] = c
+        return compiled[fn.__name__]
 
     @torch.no_grad()
     def take_in(self, ctx_feats, ctx_start, anchor, start, cache, key_valid=None) -> None:
@@ -123,15 +193,13 @@ class BlockDrafter(Drafter):
               topk=5, key_valid=None, ctx_ids=None, copy=None, noise=None) -> Draft:
         cfg = self.config
         n = cfg.num_drafts if n is None else min(n, cfg.num_drafts)
-        hs = self._block_states(ctx_feats, ctx_start, anchor, start, cache, key_valid, copy)
         impl = self.options.head_impl
         # the compiled rollout always drafts every slot (one graph per shape); it keeps the first n itself
         m = cfg.num_drafts if self.uses_head and impl == "compiled" and temperature <= 0 else n
-        h = hs[:, cfg.first_draft_slot: cfg.first_draft_slot + m]
-        base, vm = self._draft_logits(h, copy)   # [b, m, V] (FR-Spec: [b, m, K]): all slots in one parallel pass
-        base = add_noise(base, noise, vm)        # Gumbel-coupled sampling: the greedy rollout of noisy logits
-        k = min(topk, base.shape[-1])
-        bt = _top(base[:, :n], k, vm)
+        # [b, m, V] (FR-Spec: [b, m, K]): all slots in one parallel pass
+        h, base, vm, bt = self._draft_slots(ctx_feats, ctx_start, anchor, start, cache, key_valid, copy, noise, m, n,
+                                            topk)
+        k = bt[0].shape[-1]
         if not self.uses_head:               # no correction: the final logits are the base logits
             base = base[:, :n]
             tokens, q = sample_from(base.flatten(0, 1), temperature, top_p, generator)
@@ -154,11 +222,7 @@ class BlockDrafter(Drafter):
         if anchor.shape[0] != 1:
             raise ValueError("tree drafting takes one sequence at a time")
         n = min(n, cfg.num_drafts)
-        hs = self._block_states(ctx_feats, ctx_start, anchor, start, cache, copy=copy)
-        h = hs[:, cfg.first_draft_slot: cfg.first_draft_slot + n]
-        base, vm = self._draft_logits(h, copy)       # [1, n, V] (FR-Spec: [1, n, K])
-        base = add_noise(base, noise, vm)
-        bt = _top(base, min(topk, base.shape[-1]), vm)
+        h, base, vm, bt = self._draft_slots(ctx_feats, ctx_start, anchor, start, cache, None, copy, noise, n, n, topk)
         base_top = (bt[0][0], bt[1][0])              # what the records show as the base logits
         if not self.uses_head:
             return SlotMarginals(base[0], vm, base_top)

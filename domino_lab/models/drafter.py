@@ -205,13 +205,18 @@ class Drafter(nn.Module, metaclass=ABCMeta):
         self.frspec_ids.copy_(ids.sort().values.to(self.frspec_ids.device))
         return self
 
-    def draft_lm_head(self, h: torch.Tensor) -> torch.Tensor:
-        """Logits of the draft vocabulary: the full LM head, or only its FR-Spec rows (the point of FR-Spec: the
+    def draft_head_rows(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(weight, bias) of the draft LM head: the target's, or only its FR-Spec rows (the point of FR-Spec: the
         LM-head matmul of drafting shrinks from V to K rows)."""
         vm = self.draft_vocab
-        if vm is None:
-            return self.lm_head(h)
         lm = self.target.lm_head
+        if vm is None:
+            return lm.weight, getattr(lm, "bias", None)
+        return self._fr_rows()[0]
+
+    def _fr_rows(self):
+        """((weight, bias) of the FR-Spec rows, membership table [V] of the list), rebuilt when either changes."""
+        vm, lm = self.draft_vocab, self.target.lm_head
         bias = getattr(lm, "bias", None)
         key = (lm.weight.data_ptr(), lm.weight._version, vm.data_ptr(), vm._version, lm.weight.device)
         if self._fr_head is None or self._fr_head[0] != key:
@@ -219,18 +224,28 @@ class Drafter(nn.Module, metaclass=ABCMeta):
                 listed = torch.zeros(lm.weight.shape[0], dtype=torch.bool, device=vm.device)
                 listed[vm] = True         # membership by lookup (draft_logits): torch.isin sorts on every call
                 self._fr_head = (key, (lm.weight[vm], bias[vm] if bias is not None else None), listed)
-        return F.linear(h, *self._fr_head[1])
+        return self._fr_head[1:]
 
-    def draft_logits(self, h: torch.Tensor, extra_ids: torch.Tensor | None = None
+    def draft_lm_head(self, h: torch.Tensor) -> torch.Tensor:
+        """Logits of the draft vocabulary (draft_head_rows)."""
+        return F.linear(h, *self.draft_head_rows())
+
+    def unlisted(self, ids: torch.Tensor | None) -> torch.Tensor | None:
+        """The distinct tokens of `ids` (-1 = none) that the FR-Spec list leaves out (None: no list or no ids)."""
+        if self.draft_vocab is None or ids is None:
+            return None
+        ids = ids[ids >= 0].unique()
+        return ids[~self._fr_rows()[1][ids]]
+
+    def draft_logits(self, h: torch.Tensor, extra_ids: torch.Tensor | None = None, base: torch.Tensor | None = None
                      ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Draft logits of h [..., H] and the vocabulary ids of their columns (None = the whole vocabulary). An
-        FR-Spec list is extended by the tokens `extra_ids` [m] outside it (one more LM-head row each): tokens a
-        drafter must be able to propose in this call although the frequency list leaves them out."""
-        base, vm = self.draft_lm_head(h), self.draft_vocab
-        if vm is None or extra_ids is None:
-            return base, vm
-        extra = extra_ids[~self._fr_head[2][extra_ids]]        # (the list's membership table, set by draft_lm_head)
-        if not extra.numel():
+        FR-Spec list is extended by the tokens `extra_ids` [m] (-1 = none) outside it (one more LM-head row each):
+        tokens a drafter must be able to propose in this call although the frequency list leaves them out.
+        `base`: the draft vocabulary's logits (draft_lm_head) when they are computed already."""
+        base, vm = self.draft_lm_head(h) if base is None else base, self.draft_vocab
+        extra = self.unlisted(extra_ids)
+        if extra is None or not extra.numel():
             return base, vm
         lm = self.target.lm_head
         bias = getattr(lm, "bias", None)

@@ -21,10 +21,11 @@ class InferenceOptions:
     # rollout under torch.compile; "eager" = nn.GRU + full-vocabulary correction (the reference the others are
     # checked against).
     head_impl: str = "fused"
-    # The block drafters' backbone at batch 1: "eager" = module by module; "compiled" = the whole pass as one
-    # torch.compile graph (Backbone.infer), which fuses the small ops around its matmuls: on a CPU where those ops'
-    # dispatch, not the matmuls, is most of a draft step (experiments/results/draft_floor), a shorter step. The
-    # first call compiles (~15 s on the 2-core CPU); batches and training stay eager.
+    # The block drafters' pass at batch 1: "eager" = module by module; "compiled" = embeddings, copy input, backbone
+    # and draft LM head as one torch.compile graph (BlockDrafter._draft_pass), which fuses the small ops around the
+    # matmuls: on a CPU where those ops' dispatch, not the matmuls, is most of a draft step
+    # (experiments/results/draft_floor), a shorter step. The first draft compiles (~10 s on the 2-core CPU); batches
+    # and training stay eager.
     backbone_impl: str = "eager"
     # Greedy drafting scores the head's correction only on the top-K tokens of the block's per-token max base
     # logits; 0 = the full vocabulary (exact). 64 keeps τ equal to the exact head on the embedded default
@@ -134,8 +135,8 @@ def add_inference_args(p, block_size: bool = False) -> None:
                    help="Domino head inference path: fused (one C++ loop on the CPU, greedy or sampled; the default), "
                         "fast (table + pool in torch ops), compiled (torch.compile), eager (reference)")
     p.add_argument("--backbone-impl", default=None, choices=BACKBONE_IMPLS,
-                   help="block drafters at batch 1: eager (the default) or compiled (the backbone's pass as one "
-                        "torch.compile graph; its first call compiles for ~15 s)")
+                   help="block drafters at batch 1: eager (the default) or compiled (the pass up to the head as one "
+                        "torch.compile graph; the first draft compiles for ~10 s)")
     p.add_argument("--candidate-pool", type=int, default=None,
                    help="greedy: score the head's correction on the top-K candidates only (0 = full vocabulary, "
                         "exact; default 64); sampling always scores the whole draft vocabulary")
