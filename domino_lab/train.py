@@ -143,8 +143,6 @@ def _train(cfg, resume: bool, extra_callbacks, logger, target) -> dict:
         if not Path(path).exists():
             raise UserError(f"training data {path} does not exist; create it with "
                             "`python -m domino_lab.regenerate --out <dir>` and set data.path (or data.extra_paths)")
-    if logger is None:       # a damaged or unreachable store: one error now, not a traceback and an empty folder
-        open_tracking_store(cfg.tracking_uri or default_tracking_uri())
     pl.seed_everything(cfg.seed, workers=True, verbose=False)
     target = target or Target.from_pretrained(cfg.target, dtype=cfg.dtype)
     dcfg = drafter_config(cfg.drafter, target)
@@ -156,6 +154,8 @@ def _train(cfg, resume: bool, extra_callbacks, logger, target) -> dict:
     digest = "+".join(check_data_target(path, target) for path in cfg.data.paths)
     if saved is not None:
         check_same_data(saved["hyper_parameters"].get("data_digest"), digest, cfg.data.paths, ckpt)
+    if logger is None:       # a damaged or unreachable store: one error now, not after the work and an empty folder
+        open_tracking_store(cfg.tracking_uri or default_tracking_uri())
     if cfg.data.features == "offline":
         from .data.features import ensure
 
