@@ -352,18 +352,35 @@ def test_workers_sharing_a_study_count_running_trials_and_only_the_last_one_conf
     """With total_trials, a worker counted only finished trials: a worker whose trial ended while another worker's
     still ran started one more (overshooting the total), and took the study as done and confirmed its winner while
     the other trial, which might still win, was running."""
-    from domino_lab.sweep.runner import BOOKED_STATES, study_done
+    from domino_lab.sweep.runner import stop_at_total, study_done
 
     study = optuna.create_study(storage=f"sqlite:///{tmp_path / 'o.db'}", study_name="s")
     study.optimize(lambda t: t.suggest_float("x", 0, 1), n_trials=1)
     other = study.ask()                          # another worker's trial, still running
     assert not study_done(study, 2) and not study_done(study, None)
     # this worker's next trial completes the total with the running one; the budget callback stops it there
-    study.optimize(lambda t: t.suggest_float("x", 0, 1), n_trials=5,
-                   callbacks=[optuna.study.MaxTrialsCallback(3, states=BOOKED_STATES)])
+    study.optimize(lambda t: t.suggest_float("x", 0, 1), n_trials=5, callbacks=[stop_at_total(3)])
     assert [t.state.name for t in study.trials].count("COMPLETE") == 2
     assert not study_done(study, 3)
     study.tell(other, 0.5)
     assert study_done(study, 3) and study_done(study, None)
     study.enqueue_trial({"x": 0.1})              # a queued trial: the study without a total is not done
     assert study_done(study, 3) and not study_done(study, None)
+
+
+def test_a_killed_workers_stale_trial_stops_counting_against_the_total(tmp_path):
+    """A trial whose worker was killed stays RUNNING until its heartbeat is stale; the worker that goes on fails it
+    then (Optuna's retry queues it again) and runs to the total instead of stopping one short."""
+    from domino_lab.sweep.runner import stop_at_total
+
+    storage = optuna.storages.RDBStorage(f"sqlite:///{tmp_path / 'o.db'}", heartbeat_interval=1, grace_period=1)
+    study = optuna.create_study(storage=storage, study_name="s")
+    dead = study.ask()
+    storage.record_heartbeat(dead._trial_id)
+
+    def objective(t):
+        time.sleep(2 if t.number == 1 else 0)    # the dead trial's heartbeat goes stale meanwhile
+        return t.suggest_float("x", 0, 1)
+    study.optimize(objective, n_trials=5, callbacks=[stop_at_total(2)])
+    states = [t.state.name for t in study.trials]
+    assert states[0] == "FAIL" and states.count("COMPLETE") == 2

@@ -367,7 +367,7 @@ class SweepRunner:
         if self.sweep.total_trials:
             booked = len(study.get_trials(deepcopy=False, states=BOOKED_STATES))
             n_trials = max(0, min(n_trials, self.sweep.total_trials - booked))
-            callbacks.append(optuna.study.MaxTrialsCallback(self.sweep.total_trials, states=BOOKED_STATES))
+            callbacks.append(stop_at_total(self.sweep.total_trials))
         try:
             if n_trials:
                 self._update_parent_status(study)
@@ -391,6 +391,19 @@ class SweepRunner:
             raise
         self._update_parent_status(final)
         return summary
+
+
+def stop_at_total(total_trials: int):
+    """The callback that ends a worker's trials once finished and running ones reach `total_trials`. A killed
+    worker's trial stops counting as running once its heartbeat is stale: it is failed (and queued again) first,
+    as Optuna would at this worker's next trial."""
+    def callback(study, trial) -> None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            optuna.storages.fail_stale_trials(study)
+        if len(study.get_trials(deepcopy=False, states=BOOKED_STATES)) >= total_trials:
+            study.stop()
+    return callback
 
 
 def study_done(study, total_trials: int | None) -> bool:
