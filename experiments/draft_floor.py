@@ -11,7 +11,8 @@ meets them (each part after a target forward), this times:
   (experiments.timing.cached_step: backbone, copy input, LM-head slice, head);
 - `backbone`: the two draft layers alone (`Backbone.infer`, the past keys and values as plain tensors), in eager
   mode and (unless --no-compile) under torch.compile with static shapes, which fuses the small ops around the
-  matmuls (decoding's `backbone_impl=compiled` compiles with dynamic shapes, whose guards cost a little more);
+  matmuls (decoding's `backbone_impl=compiled` compiles the pass up to the head, embeddings, copy input, backbone
+  and LM-head slice, with dynamic shapes, whose guards cost a little more; `draft step (compiled backbone)`);
 - `matmuls`: only the backbone's linear layers, with its weights at its shapes, and `lm head`: the FR-Spec slice of
   the LM head over the drafted slots: what remains with no overhead at all.
 
@@ -83,13 +84,13 @@ def measure(target, d, ctx: int, reps: int, rounds: int, compile_backbone: bool)
         cache.crop(-1)
 
     backbone = backbone_call(d, ctx, 2, g)
-    parts = {"plain step": plain, "draft step": cached_step(d, ctx, g), "backbone (eager)": backbone(False)}
+    parts = {"plain step": plain, "draft step": cached_step(d, ctx, g, copy=True), "backbone (eager)": backbone(False)}
     if compile_backbone:
         from dataclasses import replace
 
         dc = copy.copy(d)           # the same weights, drafting through the compiled backbone as decoding would
         dc.options = replace(d.options, backbone_impl="compiled")
-        parts["draft step (compiled backbone)"] = cached_step(dc, ctx, g)
+        parts["draft step (compiled backbone)"] = cached_step(dc, ctx, g, copy=True)
         parts["backbone (compiled)"] = backbone(True)
     parts |= {"matmuls": matmul_call(d, ctx, 2, g), "lm head": lm_head_call(d, g)}
     times: dict = {name: [] for name in parts}

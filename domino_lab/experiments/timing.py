@@ -21,13 +21,19 @@ def _cached_state(d, ctx: int, g: torch.Generator, new: int):
     return feats, anchor, ids, cache
 
 
-def cached_step(d, ctx: int, g: torch.Generator, new: int = 2):
+def cached_step(d, ctx: int, g: torch.Generator, new: int = 2, copy: bool = False):
     """A decoding-like draft step: `ctx` positions already in the draft cache, `new` committed positions' features
-    appended (as after a step that accepted new-1 drafts), then removed again so every call sees the same state."""
+    appended (as after a step that accepted new-1 drafts), then removed again so every call sees the same state.
+    `copy`: a drafter with a copy input reads the copy candidates of the context's ids, as decoding gives it."""
     feats, anchor, ids, cache = _cached_state(d, ctx, g, new)
+    cands = None
+    if copy and d.config.copy_ngram:
+        from ..decoding.lookup import copy_index, copy_inputs
+
+        cands = copy_inputs([copy_index(d.config.copy_ngram, ids[0].tolist() + anchor.tolist())], d.config.num_drafts)
 
     def step():
-        d.draft(feats[:, ctx - new:], ctx - new, anchor, ctx, cache, ctx_ids=ids[:, ctx - new:])
+        d.draft(feats[:, ctx - new:], ctx - new, anchor, ctx, cache, ctx_ids=ids[:, ctx - new:], copy=cands)
         cache.crop(-new)
     return step
 
