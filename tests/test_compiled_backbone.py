@@ -82,6 +82,16 @@ def test_backbone_impl_is_checked():
         InferenceOptions(backbone_impl="jit")
 
 
+def test_gumbel_noise_and_the_full_vocabulary_go_after_the_graph(target):
+    """Gumbel-coupled sampling adds its noise to the graph's logits (and ranks them again), and a drafter drafting
+    over the whole vocabulary passes the full LM head through it: both sample the text the eager drafter does."""
+    p = load_eval_set("humaneval", limit=1)[0]["prompt"]
+    for opts, kw in (({}, dict(temperature=1.0, sampler="gumbel", seed=3)), (dict(full_vocab=True), {})):
+        a, b = (speculative_generate(target, load_drafter("default", target, options=InferenceOptions(
+            backbone_impl=impl, **opts)), prompt=p, max_new_tokens=30, **kw) for impl in ("eager", "compiled"))
+        assert a.token_ids == b.token_ids and [s.accepted for s in a.steps] == [s.accepted for s in b.steps]
+
+
 def test_every_graph_is_compiled_at_the_first_draft(target):
     """An empty cache, a context of one position and the general case each take a graph; all three are compiled at
     the first draft, so no later step (a step that accepted nothing, a new prompt) stalls to compile, and the
