@@ -119,6 +119,25 @@ def check_out_file(path: str | os.PathLike, flag: str = "--out") -> Path:
 
 
 @contextmanager
+def file_lock(path: str | os.PathLike) -> Iterator[None]:
+    """An exclusive flock on `path` (created, with its folder, if missing) for the block: processes that create
+    one shared thing (a SQLite store's schema, a feature cache, a study) take turns. A no-op where fcntl does not
+    exist."""
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+@contextmanager
 def atomic_path(final: str | os.PathLike, suffix: str = "") -> Iterator[Path]:
     """Yield a temporary path next to `final`; rename it into place only if the block succeeds.
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import platform
 import statistics
 import sys
@@ -32,7 +31,8 @@ import torch
 import torch.nn.functional as F
 
 from domino_lab import Target
-from domino_lab.errors import CliParser, atomic_path, check_out_dir, run_cli
+from domino_lab.errors import CliParser, check_out_dir, run_cli
+from domino_lab.experiments.results import write_results
 from domino_lab.experiments.timing import cached_step
 from domino_lab.models.drafter import load_drafter
 
@@ -148,12 +148,8 @@ def main(argv=None) -> int:
     meta = {"machine": f"{platform.machine()}, {torch.get_num_threads()} torch thread(s) of "
                        f"{__import__('os').cpu_count()} CPUs",
             "torch": torch.__version__, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
-    out.mkdir(parents=True, exist_ok=True)
-    with atomic_path(out / "draft_floor.json") as tmp:
-        tmp.write_text(json.dumps({"ms": ms, "meta": meta, "argv": sys.argv[1:] if argv is None else argv}, indent=1))
-    with atomic_path(out / "draft_floor.md") as tmp:
-        tmp.write_text(report(ms, args, meta))
-    print((out / "draft_floor.md").read_text())
+    write_results(out, "draft_floor", {"ms": ms, "meta": meta, "argv": sys.argv[1:] if argv is None else argv},
+                  report(ms, args, meta))
     return 0
 
 

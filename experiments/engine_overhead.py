@@ -31,7 +31,8 @@ import torch
 from transformers import DynamicCache
 
 from domino_lab.config import repo_root
-from domino_lab.errors import CliParser, UserError, atomic_path, check_out_dir, run_cli
+from domino_lab.errors import CliParser, UserError, check_out_dir, run_cli
+from domino_lab.experiments.results import write_results
 
 DRAFTERS = {"dflash": "default-dflash", "domino": "default", "eagle": "default-eagle"}
 
@@ -231,11 +232,7 @@ def main(argv=None) -> int:
            "machine": f"{platform.machine()}, {os.cpu_count()} CPUs", "prompts": per[args.omp_policies[0]][0]["prompts"],
            "policies": policies}
     prof = profile_summary(args)
-    with atomic_path(out / "engine_overhead.json") as tmp:
-        tmp.write_text(json.dumps(res, indent=1))
-    with atomic_path(out / "engine_overhead.md") as tmp:
-        tmp.write_text(report(res, args, prof))
-    print((out / "engine_overhead.md").read_text())
+    write_results(out, "engine_overhead", res, report(res, args, prof))
     return 0
 
 

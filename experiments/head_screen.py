@@ -17,7 +17,6 @@ Same process, embedded default target, greedy, batch 1 (docs/design.md#greedy-he
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -28,7 +27,8 @@ import torch
 import torch.nn.functional as F
 
 from domino_lab.config import repo_root
-from domino_lab.errors import CliParser, UserError, atomic_path, check_out_dir, run_cli
+from domino_lab.errors import CliParser, UserError, check_out_dir, run_cli
+from domino_lab.experiments.results import write_results
 
 CONFIGS = [("ar", None, 0), ("domino", "default", 0), ("domino-tree", "default", 32)]
 
@@ -157,11 +157,7 @@ def main(argv=None) -> int:
     out = check_out_dir(args.out if args.out is not None else repo_root() / "experiments" / "results")
     res = {"argv": list(argv if argv is not None else sys.argv[1:]), "date": time.strftime("%Y-%m-%d %H:%M UTC"),
            "machine": f"{platform.machine()}, {os.cpu_count()} CPUs", **measure(args)}
-    with atomic_path(out / "head_screen.json") as tmp:
-        tmp.write_text(json.dumps(res, indent=1))
-    with atomic_path(out / "head_screen.md") as tmp:
-        tmp.write_text(report(res, args))
-    print((out / "head_screen.md").read_text())
+    write_results(out, "head_screen", res, report(res, args))
     return 0
 
 

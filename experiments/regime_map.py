@@ -39,7 +39,8 @@ from domino_lab import Drafter, Target
 from domino_lab.bench import projection
 from domino_lab.decoding.metrics import speedup_bound
 from domino_lab.config import repo_root
-from domino_lab.errors import CliParser, atomic_path, check_out_file, run_cli
+from domino_lab.errors import CliParser, check_out_file, run_cli
+from domino_lab.experiments.results import write_results
 from domino_lab.decoding import tree as trees
 from domino_lab.experiments.timing import cached_step, cached_tree_step
 from domino_lab.target import default_tap_layers, use_decode_threads
@@ -267,13 +268,10 @@ def main(argv=None) -> int:
     shipped = {s_: measured[s_]["domino"]["tau"] for s_ in proj}
     tree_path = Path(a.tree) if Path(a.tree).is_absolute() else repo_root() / a.tree
     gains = tree_gains(tree_path, tree_nodes) if tree_nodes else {}
-    with atomic_path(stem.with_suffix(".json")) as t:
-        t.write_text(json.dumps({"meta": meta, "shipped_tau": shipped, "tree_tau_gain": gains, "results": res},
-                               indent=1))
-    with atomic_path(stem.with_suffix(".md")) as t:
-        t.write_text(render(res, meta, shipped, proj, gains) + f"\n![bound vs τ]({stem.name}.png)\n")
     plot(res, stem.with_suffix(".png"))
-    print(stem.with_suffix(".md").read_text())
+    write_results(stem.parent, stem.name,
+                  {"meta": meta, "shipped_tau": shipped, "tree_tau_gain": gains, "results": res},
+                  render(res, meta, shipped, proj, gains) + f"\n![bound vs τ]({stem.name}.png)\n")
     return 0
 
 

@@ -8,8 +8,6 @@ and for data too large to store: `data.features: online`.
 """
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import hashlib
 import json
 import os
@@ -19,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from ..errors import UserError
+from ..errors import UserError, file_lock
 from ..models.weights_file import safetensors_shapes
 
 VERSION = 1
@@ -168,17 +166,7 @@ def ensure(target, rows: list[dict], taps: list[int], root: str | os.PathLike, p
     root = Path(root)
     out = root / cache_key(target, taps, rows)
     if not (out / INDEX).exists():
-        root.mkdir(parents=True, exist_ok=True)
-        with open(root / f".{out.name}.lock", "w") as lock, _locked(lock):
+        with file_lock(root / f".{out.name}.lock"):
             if not (out / INDEX).exists():
                 build(target, rows, taps, out, progress=progress)
     return FeatureCache(out)
-
-
-@contextlib.contextmanager
-def _locked(f):
-    fcntl.flock(f, fcntl.LOCK_EX)
-    try:
-        yield
-    finally:
-        fcntl.flock(f, fcntl.LOCK_UN)

@@ -91,7 +91,8 @@ def _train_seed(runner, trial, seed: int, role: str) -> tuple[str, str]:
 
     from ..train import train
     from .config import trial_config
-    from .trial import TrialProgress, end_run
+    from ..training.tracking import end_run
+    from .trial import TrialProgress
 
     sweep = runner.sweep
     out = runner.dir / "confirm" / f"trial_{trial.number:04d}" / f"seed_{seed}"

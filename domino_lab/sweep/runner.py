@@ -20,14 +20,14 @@ from mlflow.exceptions import MlflowException
 from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
 from optuna_integration import PyTorchLightningPruningCallback
 
-from ..errors import UserError, check_out_file, mask_credentials
-from ..training.tracking import (default_artifact_location, default_tracking_uri, end_if_running,
+from ..errors import UserError, check_out_file, file_lock, mask_credentials
+from ..training.tracking import (default_artifact_location, default_tracking_uri, end_if_running, end_run,
                                  open_tracking_store)
 from .config import SweepConfig, base_values, fingerprint_changes, study_fingerprint, trial_config
 from .space import make_pruner, make_sampler, suggest
-from .storage import file_lock, sqlite_path, sweep_storage
+from .storage import sqlite_path, sweep_storage
 from ..decoding.metrics import speedup_bound
-from .trial import TrialProgress, confirmable, drafter_costs, end_run
+from .trial import TrialProgress, confirmable, drafter_costs
 
 DIRECTIONS = {"tau": "maximize", "draft_ms": "minimize", "draft_cost": "minimize"}
 SETUP_LOCK_KEY = 0x646F6D696E6F     # pg_advisory_lock key ("domino") serialising table creation
@@ -111,9 +111,7 @@ class SweepRunner:
             self._enqueue_baseline()
             # trials of a killed worker: failed (and queued again) now rather than when this worker's first trial
             # starts, so their MLflow runs are ended below even when no trial is left to run
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-                optuna.storages.fail_stale_trials(self.study)
+            fail_stale_trials(self.study)
         with self._setup_lock():
             self.parent = self._parent_run()
         self._end_failed_trial_runs(self.study)
@@ -393,14 +391,20 @@ class SweepRunner:
         return summary
 
 
+def fail_stale_trials(study) -> None:
+    """Mark FAIL (and, with the retry callback, queue again) the running trials whose heartbeat is stale: their
+    worker was killed."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        optuna.storages.fail_stale_trials(study)
+
+
 def stop_at_total(total_trials: int):
     """The callback that ends a worker's trials once finished and running ones reach `total_trials`. A killed
     worker's trial stops counting as running once its heartbeat is stale: it is failed (and queued again) first,
     as Optuna would at this worker's next trial."""
     def callback(study, trial) -> None:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            optuna.storages.fail_stale_trials(study)
+        fail_stale_trials(study)
         if len(study.get_trials(deepcopy=False, states=BOOKED_STATES)) >= total_trials:
             study.stop()
     return callback

@@ -8,11 +8,12 @@ file, which covers every worker that can open the file (one machine, or a file s
 """
 from __future__ import annotations
 
-from contextlib import contextmanager
 from pathlib import Path
 
 import optuna
 from optuna.trial import TrialState
+
+from ..errors import file_lock
 
 
 def sqlite_path(url: str) -> Path | None:
@@ -21,22 +22,6 @@ def sqlite_path(url: str) -> Path | None:
     if not url.startswith(prefix) or url[len(prefix):] in ("", ":memory:"):
         return None
     return Path(url[len(prefix):].split("?", 1)[0])
-
-
-@contextmanager
-def file_lock(path: Path):
-    """An exclusive flock on `path` (created if missing); a no-op where fcntl does not exist."""
-    try:
-        import fcntl
-    except ImportError:
-        yield
-        return
-    with open(path, "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 class LockedSQLiteStorage(optuna.storages.RDBStorage):

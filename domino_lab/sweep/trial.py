@@ -1,6 +1,5 @@
 """Pieces of a sweep trial shared by the search and the confirmation stage (sweep/runner.py, sweep/confirm.py):
-whether a study can be confirmed, ending the MLflow run of a trial that failed, what a trial's drafter costs per
-step, and the progress bar inside a trial."""
+whether a study can be confirmed, what a trial's drafter costs per step, and the progress bar inside a trial."""
 from __future__ import annotations
 
 import sys
@@ -8,27 +7,11 @@ import sys
 import lightning.pytorch as pl
 import optuna
 
-from ..errors import mask_credentials
-
 
 def confirmable(study) -> bool:
     """A confirmation can run: a complete baseline trial and at least one other complete trial."""
     done = [t for t in study.get_trials(deepcopy=False) if t.state == optuna.trial.TrialState.COMPLETE]
     return any(t.user_attrs.get("baseline") for t in done) and any(not t.user_attrs.get("baseline") for t in done)
-
-
-def end_run(client, run_id: str, status: str, state: str | None = None) -> None:
-    """End an MLflow run of a trial that did not complete (`status` KILLED or FAILED), tagged with its trial's Optuna
-    `state`. Called while a failure is being handled: a store that refuses is reported, not raised over it."""
-    from mlflow.exceptions import MlflowException
-
-    try:
-        if state:
-            client.set_tag(run_id, "optuna.state", state)
-        client.set_terminated(run_id, status)
-    except MlflowException as e:
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        print(mask_credentials(f"[sweep] could not mark MLflow run {run_id} {status}: {first}"), file=sys.stderr)
 
 
 def drafter_costs(target, drafter) -> dict:

@@ -8,7 +8,7 @@ import re
 from contextlib import contextmanager
 from pathlib import Path
 
-from ..errors import UserError, atomic_path, mask_credentials
+from ..errors import UserError, atomic_path, file_lock, mask_credentials
 
 SQLITE = "sqlite:///"
 RUN_FILE = "mlflow_run.json"      # the MLflow run of a training directory, continued by --resume
@@ -117,16 +117,9 @@ def _store_lock(uri: str):
     if not uri.startswith(SQLITE):
         yield
         return
-    import fcntl
-
     db = Path(uri[len(SQLITE):])
-    db.parent.mkdir(parents=True, exist_ok=True)
-    with open(db.parent / f".{db.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+    with file_lock(db.parent / f".{db.name}.lock"):
+        yield
 
 
 def _store_error(uri: str, e: Exception) -> UserError:
@@ -196,18 +189,33 @@ def end_abandoned_run(uri: str, out_dir: Path) -> None:
         end_if_running(MlflowClient(uri), run_id, "KILLED")
 
 
-def end_if_running(client, run_id: str, status: str, state: str | None = None) -> None:
-    """End an MLflow run that nothing will end any more (its process was killed) if it still shows RUNNING, tagged
-    with its Optuna `state` if given; a run this store does not have (deleted, or in another store) is left alone."""
+def end_run(client, run_id: str, status: str, state: str | None = None) -> None:
+    """End an MLflow run that did not complete (`status` KILLED or FAILED), tagged with its Optuna trial's `state`
+    if given. Called while a failure is being handled: a store that refuses is reported, not raised over it."""
+    import sys
+
     from mlflow.exceptions import MlflowException
 
     try:
-        if client.get_run(run_id).info.status == "RUNNING":
-            if state:
-                client.set_tag(run_id, "optuna.state", state)
-            client.set_terminated(run_id, status)
+        if state:
+            client.set_tag(run_id, "optuna.state", state)
+        client.set_terminated(run_id, status)
+    except MlflowException as e:
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        print(mask_credentials(f"[mlflow] could not mark run {run_id} {status}: {first}"), file=sys.stderr)
+
+
+def end_if_running(client, run_id: str, status: str, state: str | None = None) -> None:
+    """`end_run` for a run that nothing will end any more (its process was killed), if it still shows RUNNING; a run
+    this store does not have (deleted, or in another store) is left alone."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        running = client.get_run(run_id).info.status == "RUNNING"
     except MlflowException:
-        pass
+        return
+    if running:
+        end_run(client, run_id, status, state)
 
 
 def read_run_id(out_dir: Path) -> str | None:
