@@ -108,3 +108,17 @@ def test_every_graph_is_compiled_at_the_first_draft(target):
     steps = [s for r in rows for s in speculative_generate(target, d, prompt=r["prompt"], max_new_tokens=60).steps]
     assert any(s.accepted == 0 for s in steps[1:])          # a later step's draft took a 1-position context
     assert counters["stats"]["unique_graphs"] == graphs
+
+
+def test_drafters_of_several_structures_each_get_their_graphs(target):
+    """dynamo's recompile limit counts graphs per function across all drafters: a second drafter structure (no copy
+    input) compiles its own graphs rather than running uncompiled once the first has used up the limit."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    with torch._dynamo.config.patch(recompile_limit=3):         # room for one structure's graphs only
+        before = counters["stats"]["unique_graphs"]
+        for spec in ("default", "default-nocopy"):
+            d = load_drafter(spec, target, options=InferenceOptions(backbone_impl="compiled"))
+            speculative_generate(target, d, prompt="def f(x):\n", max_new_tokens=6)
+        assert counters["stats"]["unique_graphs"] == before + 6
