@@ -221,6 +221,39 @@ def test_fused_branches_score_what_the_torch_branches_score(target, dtype):
             nodes = ids
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_the_whole_tree_in_one_call_is_the_level_by_level_tree(target, dtype):
+    """head_kernel.cpp's best_first (every level and the selection between them in one call) builds the tree that
+    build_tree builds from the same Branches one level at a time: the same nodes in the same order, scores equal to
+    the last bit, the same records of each node's children; under budgets from 1 node to more than a level holds,
+    probability floors, a pool and FR-Spec."""
+    class LevelByLevel:                 # the expander without its one-call path
+        def __init__(self, e):
+            self.children = e.children
+
+    target = target if dtype == torch.float64 else tiny_target(vocab=100, hidden=32, dtype=dtype)
+    d = Drafter.untrained(target, "domino", seed=5, block_size=6)
+    E = target.embed_tokens.weight
+    g = torch.Generator().manual_seed(2)
+    frspec = torch.sort(torch.randperm(target.vocab_size, generator=g)[:40]).values
+    sizes = set()
+    for trial in range(6):
+        h = torch.randn(1, 6, d.config.hidden_size, generator=g, dtype=dtype) * (1 + trial)
+        anchor = torch.randint(0, target.vocab_size, (1,), generator=g)
+        for vocab_ids, pool in ((None, 0), (None, 16), (frspec, 8)):
+            base = d.lm_head(h) if vocab_ids is None else d.lm_head(h)[..., vocab_ids]
+            for n, floor in ((1, -math.inf), (7, -math.inf), (32, -math.inf), (32, math.log(0.05)), (64, -3.0)):
+                br = d.head.branches(h, base, anchor, E, pool, vocab_ids, impl="fused")
+                assert br.best_first(n, 5, max(n, 4), 4, floor) is not None
+                a = trees.build_tree(br, n, 5, 4, floor)
+                b = trees.build_tree(LevelByLevel(d.head.branches(h, base, anchor, E, pool, vocab_ids,
+                                                                    impl="fused")), n, 5, 4, floor)
+                assert (a.tokens, a.parents, a.depths, a.scores) == (b.tokens, b.parents, b.depths, b.scores)
+                assert a.child_top == b.child_top
+                sizes.add(len(a))
+    assert len(sizes) > 4                       # budgets and floors shaped trees of many sizes
+
+
 def test_fused_branch_level_refuses_ids_out_of_range(target):
     from domino_lab.models.head_kernel import fused_branch_level
 

@@ -92,6 +92,10 @@ def build_tree(expander, n_nodes: int, depth: int, topk: int = 5, min_logp: floa
     O(n_nodes log parents) Python steps instead of sorting all parents × children. Ties keep the older node (a
     parent before its children), so the kept set is always a tree.
     """
+    whole = getattr(expander, "best_first", None)      # the same tree in one call of the head's C++ loop
+    built = whole(n_nodes, depth, max(n_nodes, topk), topk, min_logp) if whole is not None else None
+    if built is not None:
+        return _assemble(*built)
     toks: list[int] = []          # every node selected so far, by id (creation order: a parent precedes its children)
     pars: list[int] = []
     deps: list[int] = []
@@ -130,6 +134,12 @@ def build_tree(expander, n_nodes: int, depth: int, topk: int = 5, min_logp: floa
         frontier = [g for g in kept if deps[g] == level + 1]
         if not frontier:
             break
+    return _assemble(toks, pars, deps, scores, kept, tops)
+
+
+def _assemble(toks, pars, deps, scores, kept, tops) -> Tree:
+    """The Tree of the kept nodes (ids into the creation-ordered toks / pars / deps / scores), ordered by depth,
+    then score; `tops`: {expanded node id (-1 = the anchor): its children's top (ids, logits)}."""
     order = sorted(kept, key=lambda g: (deps[g], -scores[g], g))
     local = {g: i for i, g in enumerate(order)}
     tree = Tree([toks[g] for g in order], [local[pars[g]] if pars[g] >= 0 else -1 for g in order],

@@ -29,7 +29,8 @@ from torch import nn
 
 from ..sampling import sample_from, top_children
 from .frspec import q_to_vocab, to_vocab
-from .head_kernel import FusedWeights, fused_branch_level, fused_greedy_rollout, fused_sampled_rollout, prepare
+from .head_kernel import (FusedWeights, fused_best_first, fused_branch_level, fused_greedy_rollout,
+                          fused_sampled_rollout, prepare)
 
 
 @dataclass
@@ -281,6 +282,21 @@ class Branches:
         u = F.silu(self.hw[level] + state @ self.w1s_t)
         self.states = state
         return top_children(self.scores[level] + u @ self.w2t, k, self.cols)
+
+
+    def best_first(self, n_nodes: int, depth: int, k: int, topk: int, min_logp: float):
+        """decoding.tree.build_tree's tree in one call of the loop (head_kernel.fused_best_first: the levels and
+        the selection between them), or None without the loop. Returns what build_tree assembles the tree from:
+        (tokens, parents, depths, scores of the nodes in creation order, the kept nodes best first, {expanded node
+        (-1 = the anchor): (its first topk children's vocabulary ids, logits)})."""
+        depth = min(depth, self.hw.shape[0])
+        if self.fw is None or depth < 1:
+            return None
+        logp0, ids0, logits0 = (x[0] for x in self.children(0, [-1], None, None, k))
+        out = fused_best_first(self.fw, self.states, self.hw, self.scores, self.cols, logp0, ids0, n_nodes,
+                               depth, k, topk, min_logp)
+        out[-1][-1] = (ids0[:topk].tolist(), logits0[:topk].tolist())
+        return out
 
 
 def _final_top(logits: torch.Tensor, ids: torch.Tensor | None, base_top, k: int):

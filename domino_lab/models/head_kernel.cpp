@@ -10,6 +10,9 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <functional>
+#include <queue>
+#include <tuple>
 #include <vector>
 
 namespace {
@@ -325,6 +328,96 @@ int64_t branch_level(int64_t m, int64_t np, int64_t g, int64_t r, int64_t K, int
     return 0;
 }
 
+// The whole best-first tree of tree.build_tree over the head's branches, in one call: the anchor's children are
+// given (m0 of them, sorted, from the uncorrected slot 0), then each level runs branch_level over the frontier (the
+// kept nodes at the deepest depth) and merges the kept nodes with every frontier node's sorted children, exactly as
+// build_tree does (a min-heap on (-score, parent row, rank); a tie keeps the older node), so a level costs no Python.
+// Scores are sums of log-probabilities in double, as build_tree's, of children ranked in float32 whatever T (as
+// sampling.top_children ranks them). Nodes are numbered in creation order (at most
+// n_nodes a level); `kept` lists the final nodes best first; every expanded node below the anchor records its first
+// krec children (top_node / top_ids / top_vals). counts = (nodes created, nodes expanded, nodes kept).
+template <typename T>
+int64_t best_first(int64_t n_nodes, int64_t depth, int64_t kt, int64_t krec, double min_logp, int64_t g, int64_t r,
+                   int64_t K, int64_t V, int64_t m0, const double* logp0, const int64_t* ids0, const T* state0,
+                   const T* table, const T* w_s, const T* hw, const T* scores, const T* w2, const int64_t* cols,
+                   int64_t* tok, int64_t* par, int64_t* dep, double* score, int64_t* kept_out, int64_t* top_node,
+                   int64_t* top_ids, double* top_vals, int64_t* counts) {
+    using Entry = std::tuple<double, int64_t, int64_t>;          // (-score, parent row, rank among its children)
+    int64_t created = 0, expanded = 0;
+    std::vector<int64_t> kept, merged, frontier{-1}, rows, toks, row_of(n_nodes * depth, 0);
+    std::vector<T> prev(state0, state0 + g), states, tl, tv;
+    std::vector<int64_t> ti;
+    std::vector<double> base;
+    for (int64_t level = 0; level < depth; ++level) {
+        const int64_t f = static_cast<int64_t>(frontier.size());
+        int64_t kc = m0;
+        if (level > 0) {
+            rows.resize(f);
+            toks.resize(f);
+            for (int64_t i = 0; i < f; ++i) {
+                rows[i] = par[frontier[i]] < 0 ? 0 : row_of[par[frontier[i]]];
+                toks[i] = tok[frontier[i]];
+            }
+            states.resize(f * g);
+            tl.resize(f * kt);
+            tv.resize(f * kt);
+            ti.resize(f * kt);
+            if (branch_level<T>(f, static_cast<int64_t>(prev.size()) / g, g, r, K, V, kt, prev.data(), rows.data(),
+                                toks.data(), table, w_s, hw + level * r, scores + level * K, w2, cols, states.data(),
+                                tl.data(), ti.data(), tv.data()))
+                return 1;
+            for (int64_t i = 0; i < f; ++i, ++expanded) {
+                top_node[expanded] = frontier[i];
+                row_of[frontier[i]] = i;
+                for (int64_t j = 0; j < krec; ++j) {
+                    top_ids[expanded * krec + j] = j < kt ? ti[i * kt + j] : -1;
+                    top_vals[expanded * krec + j] = j < kt ? double(float(tv[i * kt + j])) : 0.0;
+                }
+            }
+            prev.swap(states);
+            kc = kt;
+        }
+        auto logp = [&](int64_t row, int64_t j) { return level == 0 ? logp0[j] : double(float(tl[row * kt + j])); };
+        base.resize(f);
+        std::priority_queue<Entry, std::vector<Entry>, std::greater<Entry>> heap;
+        for (int64_t i = 0; i < f; ++i) {
+            base[i] = frontier[i] < 0 ? 0.0 : score[frontier[i]];
+            if (kc > 0) heap.emplace(-(base[i] + logp(i, 0)), i, 0);
+        }
+        merged.clear();
+        size_t at = 0;
+        while (static_cast<int64_t>(merged.size()) < n_nodes && (at < kept.size() || !heap.empty())) {
+            if (at < kept.size() && (heap.empty() || score[kept[at]] >= -std::get<0>(heap.top()))) {
+                merged.push_back(kept[at++]);
+                continue;
+            }
+            const auto [neg, i, j] = heap.top();
+            heap.pop();
+            if (-neg < min_logp) {          // the best candidate left is below the floor: so is every other
+                heap = {};
+                continue;
+            }
+            merged.push_back(created);
+            tok[created] = level == 0 ? ids0[j] : ti[i * kt + j];
+            par[created] = frontier[i];
+            dep[created] = level + 1;
+            score[created] = -neg;
+            ++created;
+            if (j + 1 < kc) heap.emplace(-(base[i] + logp(i, j + 1)), i, j + 1);
+        }
+        kept.swap(merged);
+        frontier.clear();
+        for (int64_t node : kept)
+            if (dep[node] == level + 1) frontier.push_back(node);
+        if (frontier.empty()) break;
+    }
+    std::copy(kept.begin(), kept.end(), kept_out);
+    counts[0] = created;
+    counts[1] = expanded;
+    counts[2] = static_cast<int64_t>(kept.size());
+    return 0;
+}
+
 }  // namespace
 
 // The entry points head_kernel.py binds; all tensors contiguous: base [b, n, Vd], h [b, n, H], w1_h [r, H],
@@ -358,6 +451,18 @@ int64_t branch_level(int64_t m, int64_t np, int64_t g, int64_t r, int64_t K, int
         return rollout_sampled<T>(b, n, Vd, g, r, H, V, kt, inv_temp, top_p, base, h, w1_h, table, w_s, w2, vmap,  \
                                   anchor, uniforms, tokens, q, top_ids, top_vals);                                 \
     }
+// best_first: logp0 / ids0 [m0] (the anchor's children, best first), state0 [g] (the anchor's GRU state), hw [depth, r],
+// scores [depth, K], cols [K]; out: tok / par / dep / score [n_nodes * depth], kept [n_nodes],
+// top_node [n_nodes * depth], top_ids / top_vals [n_nodes * depth, krec], counts [3].
+#define TREE_ENTRY(NAME, T)                                                                                        \
+    int64_t NAME(int64_t n_nodes, int64_t depth, int64_t kt, int64_t krec, double min_logp, int64_t g, int64_t r,  \
+                 int64_t K, int64_t V, int64_t m0, const double* logp0, const int64_t* ids0, const T* state0,      \
+                 const T* table, const T* w_s, const T* hw, const T* scores, const T* w2, const int64_t* cols,      \
+                 int64_t* tok, int64_t* par, int64_t* dep, double* score, int64_t* kept, int64_t* top_node,         \
+                 int64_t* top_ids, double* top_vals, int64_t* counts) {                                             \
+        return best_first<T>(n_nodes, depth, kt, krec, min_logp, g, r, K, V, m0, logp0, ids0, state0, table, w_s,  \
+                             hw, scores, w2, cols, tok, par, dep, score, kept, top_node, top_ids, top_vals, counts);  \
+    }
 extern "C" {
 DOMINO_ENTRY(domino_rollout_f32, float)
 DOMINO_ENTRY(domino_rollout_f64, double)
@@ -365,4 +470,6 @@ BRANCH_ENTRY(domino_branches_f32, float)
 BRANCH_ENTRY(domino_branches_f64, double)
 SAMPLED_ENTRY(domino_sampled_f32, float)
 SAMPLED_ENTRY(domino_sampled_f64, double)
+TREE_ENTRY(domino_tree_f32, float)
+TREE_ENTRY(domino_tree_f64, double)
 }

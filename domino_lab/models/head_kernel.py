@@ -1,5 +1,6 @@
 """head_impl = "fused": the Domino head's rollout as one C++ loop on the CPU (head_kernel.cpp), greedy or sampled,
-and one level of tree drafting (every branch's GRU step and its children's ranking) as another.
+one level of tree drafting (every branch's GRU step and its children's ranking) as another, and a whole best-first
+tree (every level and the selection between them) as a third.
 
 Why a hand-written loop: on 2 CPU cores the rollout is ~30 tiny tensor ops per slot, and their dispatch costs far
 more than their arithmetic. Measured on the embedded default inside decoding (block 8, K = 64): the torch-op fast
@@ -39,6 +40,7 @@ COMMON = ["-std=c++17", "-shared", "-fPIC"]
 _FUNCS = {torch.float32: "domino_rollout_f32", torch.float64: "domino_rollout_f64"}
 _BRANCH_FUNCS = {torch.float32: "domino_branches_f32", torch.float64: "domino_branches_f64"}
 _SAMPLED_FUNCS = {torch.float32: "domino_sampled_f32", torch.float64: "domino_sampled_f64"}
+_TREE_FUNCS = {torch.float32: "domino_tree_f32", torch.float64: "domino_tree_f64"}
 _lib: ctypes.CDLL | None | bool = None       # None: not tried yet; False: unavailable (warned once)
 
 
@@ -113,6 +115,10 @@ def library() -> ctypes.CDLL | None:
                 fn = getattr(lib, name)
                 fn.restype = ctypes.c_int64
                 fn.argtypes = [ctypes.c_int64] * 8 + [ctypes.c_double] * 2 + [ctypes.c_void_p] * 13
+            for name in _TREE_FUNCS.values():
+                fn = getattr(lib, name)
+                fn.restype = ctypes.c_int64
+                fn.argtypes = [ctypes.c_int64] * 4 + [ctypes.c_double] + [ctypes.c_int64] * 5 + [ctypes.c_void_p] * 18
             _lib = lib
         except (OSError, RuntimeError, subprocess.SubprocessError) as e:
             warnings.warn(f"head_impl='fused' unavailable ({e}); using 'fast' (same drafts, slower)")
@@ -231,3 +237,40 @@ def fused_branch_level(fw: FusedWeights, prev: torch.Tensor, parent: torch.Tenso
                                           top_vals.data_ptr()):
         raise IndexError(f"token ids must lie in [0, {V}) and parent rows in [-1, {prev.shape[0]})")
     return states, top_logp, top_ids, top_vals
+
+
+def fused_best_first(fw: FusedWeights, state0: torch.Tensor, hw: torch.Tensor, scores: torch.Tensor,
+                     cols: torch.Tensor, logp0: torch.Tensor, ids0: torch.Tensor, n_nodes: int, depth: int, k: int,
+                     krec: int, min_logp: float):
+    """The best-first tree of decoding.tree.build_tree over the head's branches in one call of the loop: the
+    anchor's state0 [1, g] and its children (log-probabilities logp0, vocabulary ids ids0 [m0], best first), each
+    level's W1_H h `hw` [depth, r] and pool scores `scores` [depth, K] on the pool columns `cols` [K] (vocabulary
+    ids), k children ranked per node. Returns (tokens, parents, depths, scores of every node created, in creation
+    order; the kept nodes' ids, best first; {expanded node id: (its first krec children's vocabulary ids, logits)}
+    for the nodes below the anchor), as Python lists."""
+    lib = library()
+    dtype = fw.dtype
+    g, r, _, V = fw.sizes
+    K = cols.shape[0]
+    kt = max(1, min(k, K))
+    krec = min(krec, kt)
+    cap = n_nodes * depth
+    state0, hw, scores = (t.to(dtype).contiguous() for t in (state0, hw, scores))
+    cols, ids0 = cols.long().contiguous(), ids0.long().contiguous()
+    logp0 = logp0.double().contiguous()
+    tok, par, dep, kept, node = (torch.empty(n, dtype=torch.long) for n in (cap, cap, cap, n_nodes, cap))
+    score = torch.empty(cap, dtype=torch.float64)
+    top_ids, top_vals = torch.empty(cap, krec, dtype=torch.long), torch.empty(cap, krec, dtype=torch.float64)
+    counts = torch.zeros(3, dtype=torch.long)
+    _, table_p, w_s_p, w2_p = fw.ptrs
+    # every tensor the loop reads through an address is held by a local name until it returns
+    if getattr(lib, _TREE_FUNCS[dtype])(n_nodes, depth, kt, krec, min_logp, g, r, K, V, logp0.shape[0],
+                                        logp0.data_ptr(), ids0.data_ptr(), state0.data_ptr(), table_p, w_s_p,
+                                        hw.data_ptr(), scores.data_ptr(), w2_p, cols.data_ptr(), tok.data_ptr(),
+                                        par.data_ptr(), dep.data_ptr(), score.data_ptr(), kept.data_ptr(),
+                                        node.data_ptr(), top_ids.data_ptr(), top_vals.data_ptr(), counts.data_ptr()):
+        raise IndexError(f"token ids must lie in [0, {V})")
+    made, expanded, n_kept = counts.tolist()
+    tops = dict(zip(node[:expanded].tolist(), zip(top_ids[:expanded].tolist(), top_vals[:expanded].tolist())))
+    return (tok[:made].tolist(), par[:made].tolist(), dep[:made].tolist(), score[:made].tolist(),
+            kept[:n_kept].tolist(), tops)
