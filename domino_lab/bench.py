@@ -610,6 +610,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from .decoding.engine import check_tree_mode
     from .models import InferenceOptions, load_drafter
+    from .models.options import TREE_FLAGS
     from .target import Target, machine_line, openmp_waits, use_decode_threads
 
     options = InferenceOptions.from_args(args)
@@ -628,6 +629,12 @@ def main(argv: list[str] | None = None) -> int:
             raise UserError(f"--drafter {item!r} must be LABEL=SPEC[@key=value,...] with a new label (not one of "
                             f"{list(METHODS)})")
         spec, _, opts = spec.partition("@")
+        shaping = [k for k in (pair.partition("=")[0].strip() for pair in opts.split(",")) if k in TREE_FLAGS]
+        if shaping:         # a label is benched as a chain: the option would be ignored without a word
+            raise UserError(f"--drafter {item!r}: {shaping[0]} shapes a draft tree, and a --drafter label is benched "
+                            "as a chain: bench the tree with --methods domino-tree (or dflash-tree) and "
+                            f"--{shaping[0].replace('_', '-')}, or compare a drafter's chain and trees with "
+                            "experiments/tree.py")
         specs[label] = (spec, with_options(options, opts, item))
         extra.append(label)
     check_sampling_args(smp, [o for _, o in specs.values()], max(map(len, sets.values())), bool(args.batch_sizes))

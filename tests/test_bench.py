@@ -192,6 +192,8 @@ def test_bench_bad_input_is_one_clear_line(dirs, tmp_path, capsys):
                        "no.json: cannot read it (No such file or directory)"),
                       (["--sets", prompts, "--target", tdir, "--methods", "ar", "--drafter", "x=untrained:nope"],
                        "unknown drafter method"),
+                      (["--sets", prompts, "--target", tdir, "--methods", "ar", "--drafter",
+                        "x=untrained:domino@lookup=3,tree_min_prob=0.05"], "tree_min_prob shapes a draft tree"),
                       (["--sets", prompts, "--temperature", "-1"], "temperature must be a finite number >= 0"),
                       (["--sets", prompts, "--temperature", "nan"], "temperature must be a finite number >= 0"),
                       (["--sets", prompts, "--temperature", "1", "--top-p", "1.5"], "top_p in (0, 1]"),
