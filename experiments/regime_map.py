@@ -8,6 +8,7 @@ tokens per second on each shape.
 
     python experiments/regime_map.py                        # -> experiments/results/regime_map.{md,json,png}
     python experiments/regime_map.py --quick --out /tmp/r   # two tiny shapes (tests)
+    python experiments/regime_map.py --dtype bfloat16 --out experiments/results/regime_map_amx/bfloat16
 
 Random weights (timing does not depend on them) except the embedded default, which is the shipped target. Every
 quantity is the median wall time over interleaved repetitions with a 128-token context in the caches, as inside a
@@ -43,7 +44,7 @@ from domino_lab.errors import CliParser, check_out_file, run_cli
 from domino_lab.experiments.results import write_results
 from domino_lab.decoding import tree as trees
 from domino_lab.experiments.timing import cached_step, cached_tree_step
-from domino_lab.target import default_tap_layers, use_decode_threads
+from domino_lab.target import default_tap_layers, parse_dtype, use_decode_threads
 
 # name: (hidden, layers, heads, kv heads, head_dim, intermediate, vocab); Qwen3-0.6B's published shape last
 SHAPES = {
@@ -57,16 +58,26 @@ TAUS = (2, 3, 4, 5, 6)
 CTX = 128
 
 
-def build_target(shape) -> Target:
+def build_target(shape, dtype: torch.dtype = torch.float32) -> Target:
     if shape is None:
-        return Target.from_pretrained("default", dtype="float32")
+        return Target.from_pretrained("default", dtype=dtype)
     h, layers, heads, kv, hd, inter, vocab = shape
     torch.manual_seed(0)
     cfg = Qwen3Config(vocab_size=vocab, hidden_size=h, intermediate_size=inter, num_hidden_layers=layers,
                       num_attention_heads=heads, num_key_value_heads=kv, head_dim=hd, max_position_embeddings=2048,
                       tie_word_embeddings=True)
-    model = Qwen3ForCausalLM(cfg).eval()
+    model = Qwen3ForCausalLM(cfg).to(dtype).eval()
     return Target(model, None, mask_token_id=vocab - 1, taps=default_tap_layers(layers, 3))
+
+
+def cpu_matrix_units() -> str:
+    """The CPU's bf16 / matrix extensions as /proc/cpuinfo names them (they decide what bfloat16 costs here)."""
+    try:
+        flags = next((ln.split(":", 1)[1].split() for ln in open("/proc/cpuinfo") if ln.startswith("flags")), [])
+    except OSError:
+        return "CPU flags unknown"
+    found = [f for f in ("avx512_bf16", "amx_bf16", "amx_tile") if f in flags]
+    return ", ".join(found) if found else "no bf16 matrix units"
 
 
 def measure(target: Target, reps: int, rounds: int, frspec_k: int, draft_layers: int = 2, tree_nodes: int = 32
@@ -91,7 +102,7 @@ def measure(target: Target, reps: int, rounds: int, frspec_k: int, draft_layers:
     drafters = {b: Drafter.untrained(target, "domino", block_size=b, num_layers=draft_layers,
                                      frspec_k=draft_vocab).set_frspec(ids) for b in (8, 16)}
     for d in drafters.values():
-        d.eval()
+        d.to(target.dtype).eval()          # the drafter computes in the target's dtype, as a shipped one would
     runs = {"step": verify(1), "verify_8": verify(9), "verify_16": verify(17),
             "draft_8": cached_step(drafters[8], CTX, g), "draft_16": cached_step(drafters[16], CTX, g)}
     if tree_nodes:
@@ -171,7 +182,8 @@ def render(res: dict, meta: dict, shipped: dict, proj: dict, gains: dict | None 
     lines = [f"# Regime map: where speculative decoding pays on this CPU", "",
              f"`{meta['command']}`", "",
              f"Machine: {meta['machine']}, {meta['date']}. Random weights except the embedded default; median wall "
-             f"time, {CTX}-token context; untrained Domino drafter ({meta['draft_layers']} draft layers, fused head, "
+             f"time, {CTX}-token context; untrained Domino drafter ({meta['draft_layers']} draft layers, "
+             f"{'the fast head: the fused C++ loop runs float32 and float64 only' if meta.get('dtype') == 'bfloat16' else 'fused head'}, "
              "pool 64) drafting over an "
              "FR-Spec list of the size shown. Bound = τ · t_step / (t_draft + t_verify).", "",
              "| target | params | threads | draft vocab | step ms | verify 8 ms | verify 16 ms | draft 8 ms | "
@@ -245,6 +257,9 @@ def main(argv=None) -> int:
                                                                 "chain (0 = no tree)")
     p.add_argument("--tree", default="experiments/results/tree_n32/tree.json",
                    help="experiments/tree.py result whose Domino tree/chain τ gain per set is projected")
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                   help="targets' and drafters' dtype (real checkpoints ship in bfloat16; CPUs with bf16 matrix "
+                        "units, e.g. AMX, run its matmuls at a different cost than float32's)")
     p.add_argument("--quick", action="store_true", help="two tiny shapes, 2 reps (tests)")
     a = p.parse_args(argv)
     stem = Path(a.out) if Path(a.out).is_absolute() else repo_root() / a.out
@@ -254,24 +269,25 @@ def main(argv=None) -> int:
     reps, rounds = (2, 1) if a.quick else (a.reps, a.rounds)
     res = {}
     for name, shape in shapes.items():
-        target = build_target(shape)
+        target = build_target(shape, parse_dtype(a.dtype))
         use_decode_threads(target, a.threads)
         res[name] = measure(target, reps, rounds, 1024 if shape is None else a.frspec_k, a.draft_layers,
                             tree_nodes)
         print(f"{name}: {json.dumps({k: v for k, v in res[name].items() if k.endswith('_ms')})}", file=sys.stderr)
     meta = {"command": "python experiments/regime_map.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-            "machine": f"{platform.machine()}, torch {torch.__version__}", "date": time.strftime("%Y-%m-%d"),
-            "tau_source": a.bench, "tree_source": a.tree, "draft_layers": a.draft_layers}
+            "machine": f"{platform.machine()} ({cpu_matrix_units()}), torch {torch.__version__}, {a.dtype}",
+            "date": time.strftime("%Y-%m-%d"),
+            "tau_source": a.bench, "tree_source": a.tree, "draft_layers": a.draft_layers, "dtype": a.dtype}
     bench = Path(a.bench) if Path(a.bench).is_absolute() else repo_root() / a.bench
     measured = bench_results(bench)
     proj = projection(measured, res, ["domino"])         # the bench's formula: τ · t_step / (t_draft + t_verify)
     shipped = {s_: measured[s_]["domino"]["tau"] for s_ in proj}
     tree_path = Path(a.tree) if Path(a.tree).is_absolute() else repo_root() / a.tree
     gains = tree_gains(tree_path, tree_nodes) if tree_nodes else {}
-    plot(res, stem.with_suffix(".png"))
-    write_results(stem.parent, stem.name,
+    write_results(stem.parent, stem.name,              # (creates the folder the plot goes into)
                   {"meta": meta, "shipped_tau": shipped, "tree_tau_gain": gains, "results": res},
                   render(res, meta, shipped, proj, gains) + f"\n![bound vs τ]({stem.name}.png)\n")
+    plot(res, stem.with_suffix(".png"))
     return 0
 
 

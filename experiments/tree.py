@@ -42,6 +42,7 @@ DEFAULT_DRAFTERS = ["domino=default", "dflash=default-dflash"]
 def parse_args(argv=None) -> argparse.Namespace:
     p = CliParser(prog="python experiments/tree.py", description=__doc__.splitlines()[0])
     p.add_argument("--target", default="default")
+    p.add_argument("--dtype", default="float32", help="the target's dtype (drafters follow it): float32, bfloat16, ...")
     p.add_argument("--drafter", action="append", default=None, metavar="LABEL=SPEC[@key=value,...]",
                    help="a block drafter to compare (repeat; `family/seed` labels are pooled per family; after @, "
                         "inference options, e.g. domino-p03=default@tree_min_prob=0.03); default: "
@@ -103,7 +104,7 @@ def run(args) -> dict:
     from domino_lab.target import use_decode_threads
 
     sets = {s: load_eval_set(s, limit=args.limit) for s in args.sets}        # bad names fail before any model loads
-    target = Target.from_pretrained(args.target)
+    target = Target.from_pretrained(args.target, dtype=args.dtype)
     use_decode_threads(target, args.threads)
     drafters = {}
     for item in args.drafter:
@@ -287,7 +288,7 @@ def main(argv=None) -> int:
     summ = summary(results)
     meta = {"command": "python experiments/tree.py " + " ".join(argv if argv is not None else sys.argv[1:]),
             "machine": machine_line(), "date": time.strftime("%Y-%m-%d %H:%M"),
-            "target": args.target, "drafters": args.drafter, "nodes": sorted(set(args.nodes)),
+            "target": args.target, "dtype": args.dtype, "drafters": args.drafter, "nodes": sorted(set(args.nodes)),
             "limit": args.limit, "max_new_tokens": args.max_new_tokens, "rounds": args.rounds,
             "temperature": args.temperature, "sampler": args.sampler, "wall_s": round(time.time() - started, 1)}
     out = Path(args.out)

@@ -287,6 +287,24 @@ def test_regime_map_times_chains_and_trees_and_projects_the_tree_gain(tmp_path):
     assert not (tmp_path / "bad.md").exists()
 
 
+def test_regime_map_in_bfloat16_into_a_new_folder(tmp_path):
+    """--dtype bfloat16 times targets and drafters in bfloat16 (the dtype is recorded with the CPU's bf16 units), and
+    a --out stem in a folder that does not exist yet gets its table, JSON and plot there."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "experiments" / "regime_map.py"
+    spec = importlib.util.spec_from_file_location("regime_map_bf16", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    out = tmp_path / "new" / "map"
+    assert mod.main(["--quick", "--dtype", "bfloat16", "--tree-nodes", "0", "--bench", str(tmp_path / "none.json"),
+                     "--out", str(out)]) == 0
+    res = json.loads(out.with_suffix(".json").read_text())
+    assert res["meta"]["dtype"] == "bfloat16" and "bfloat16" in res["meta"]["machine"]
+    assert all(min(r[k] for k in r if k.endswith("_ms")) > 0 for r in res["results"].values())
+    assert out.with_suffix(".png").stat().st_size > 0 and "the fast head" in out.with_suffix(".md").read_text()
+
+
 def test_prose_prompts_script_writes_the_library_prompts(tmp_path):
     """experiments/prose_prompts.py writes `domino_lab.data.prose.prose_prompts` as JSONL (the prose-data experiment's
     data); bad input is one error line."""

@@ -479,8 +479,9 @@ def test_tree_experiment_smoke(tmp_path):
         experiment.parse_args(["--drafter", "d=default@tree_min_prob=2"])
     assert experiment.main(["--quick", "--limit", "1", "--sets", "math", "--nodes", "4", "--max-new-tokens", "6",
                             "--drafter", "dflash=default-dflash", "--drafter", "sure=default-dflash@tree_min_prob=0.5",
-                            "--warmup", "0", "--out", str(tmp_path)]) == 0
+                            "--warmup", "0", "--dtype", "float64", "--out", str(tmp_path)]) == 0
     data = json.loads((tmp_path / "tree.json").read_text())
+    assert data["meta"]["dtype"] == "float64"
     rows = data["summary"]["math"]
     assert set(rows) == {"dflash@0", "dflash@4", "sure@0", "sure@4"}
     assert all(r["lossless"] == r["prompts"] == 1 for r in rows.values())
