@@ -73,9 +73,10 @@ def build_target(shape, dtype: torch.dtype = torch.float32) -> Target:
 def cpu_matrix_units() -> str:
     """The CPU's bf16 / matrix extensions as /proc/cpuinfo names them (they decide what bfloat16 costs here)."""
     try:
-        flags = next((ln.split(":", 1)[1].split() for ln in open("/proc/cpuinfo") if ln.startswith("flags")), [])
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
     except OSError:
         return "CPU flags unknown"
+    flags = next((ln.split(":", 1)[1].split() for ln in lines if ln.startswith("flags")), [])
     found = [f for f in ("avx512_bf16", "amx_bf16", "amx_tile") if f in flags]
     return ", ".join(found) if found else "no bf16 matrix units"
 

@@ -283,7 +283,6 @@ class Branches:
         self.states = state
         return top_children(self.scores[level] + u @ self.w2t, k, self.cols)
 
-
     def best_first(self, n_nodes: int, depth: int, k: int, topk: int, min_logp: float):
         """decoding.tree.build_tree's tree in one call of the loop (head_kernel.fused_best_first: the levels and
         the selection between them), or None without the loop. Returns what build_tree assembles the tree from:

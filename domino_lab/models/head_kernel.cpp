@@ -332,10 +332,10 @@ int64_t branch_level(int64_t m, int64_t np, int64_t g, int64_t r, int64_t K, int
 // given (m0 of them, sorted, from the uncorrected slot 0), then each level runs branch_level over the frontier (the
 // kept nodes at the deepest depth) and merges the kept nodes with every frontier node's sorted children, exactly as
 // build_tree does (a min-heap on (-score, parent row, rank); a tie keeps the older node), so a level costs no Python.
-// Scores are sums of log-probabilities in double, as build_tree's, of children ranked in float32 whatever T (as
-// sampling.top_children ranks them). Nodes are numbered in creation order (at most
-// n_nodes a level); `kept` lists the final nodes best first; every expanded node below the anchor records its first
-// krec children (top_node / top_ids / top_vals). counts = (nodes created, nodes expanded, nodes kept).
+// Scores are sums of log-probabilities in double, as build_tree's, of the children's float32 values whatever T (as
+// sampling.top_children gives them). Nodes are numbered in creation order (at most n_nodes a level); `kept` lists
+// the final nodes best first; every expanded node below the anchor records its first krec children (top_node /
+// top_ids / top_vals). counts = (nodes created, nodes expanded, nodes kept).
 template <typename T>
 int64_t best_first(int64_t n_nodes, int64_t depth, int64_t kt, int64_t krec, double min_logp, int64_t g, int64_t r,
                    int64_t K, int64_t V, int64_t m0, const double* logp0, const int64_t* ids0, const T* state0,
