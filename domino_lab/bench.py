@@ -690,7 +690,8 @@ def main(argv: list[str] | None = None) -> int:
             "machine": machine_line(openmp_waits()),
             "date": time.strftime("%Y-%m-%d %H:%M"),
             "prompts": {name: prompts_digest(prompts) for name, prompts in sets.items()},
-            "target": args.target, "drafters": {m: spec for m, (spec, _) in specs.items()},
+            "target": args.target, "dtype": str(target.dtype).removeprefix("torch."),
+            "drafters": {m: spec for m, (spec, _) in specs.items()},
             "options": {m: asdict(o) for m, (_, o) in specs.items()},
             "domino_head": asdict(drafters["domino"].options) if "domino" in drafters else None,
             "max_new_tokens": args.max_new_tokens, "wall_s": round(time.time() - started, 1),
@@ -724,7 +725,12 @@ def main(argv: list[str] | None = None) -> int:
                 if r["lossless"] != len(sets[s]):
                     notes.append(f"**{s}/batch {size}/{m}: output differs from `ar` on "
                                  f"{len(sets[s]) - r['lossless']} prompt(s).**")
-    text = (f"`{meta['command']}`\n\n{meta['machine']}; {meta['date']}; {meta['wall_s']} s; {smp.describe()}"
+    if notes and meta['dtype'] in ("bfloat16", "float16"):
+        notes.append(f"In {meta['dtype']} a verify of several tokens and a one-token step round differently, so where "
+                     "two tokens nearly tie speculative output can leave plain decoding (Hugging Face's prompt lookup "
+                     "does too); exactness is float32's and float64's.")
+    text = (f"`{meta['command']}`\n\n{meta['machine']}; {meta['date']}; {meta['wall_s']} s; {meta['dtype']}; "
+            f"{smp.describe()}"
             + (f"; greedy LM head: {meta['lm_head']}" if smp.temperature == 0 else "")
             + "; prompts: " + prompts_line(meta["prompts"])
             + f"\n\n{md}\n\n"

@@ -64,6 +64,7 @@ def test_quick_bench_writes_table_json_and_checks_losslessness(dirs, tmp_path, c
     assert bounds["domino"]["B"] == pytest.approx(res["domino"]["tau"] * 100.0 / 100.0)
     assert "a projection, not a measurement" in (out / "bench.md").read_text()
     assert meta["options"]["d+cut"]["draft_cutoff"] == 0.4 and meta["options"]["domino"]["draft_cutoff"] == 0
+    assert meta["dtype"] == "float64" and "; float64; greedy" in (out / "bench.md").read_text()
     # the code set comes from the running Python's standard library, so the report names the Python, and each set's
     # prompts by count and digest
     assert meta["machine"].endswith(f", Python {platform.python_version()}")
