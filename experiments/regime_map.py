@@ -103,7 +103,7 @@ def measure(target: Target, reps: int, rounds: int, frspec_k: int, draft_layers:
     drafters = {b: Drafter.untrained(target, "domino", block_size=b, num_layers=draft_layers,
                                      frspec_k=draft_vocab).set_frspec(ids) for b in (8, 16)}
     for d in drafters.values():
-        d.to(target.dtype).eval()          # the drafter computes in the target's dtype, as a shipped one would
+        d.eval()                  # (in the target's dtype: a drafter binds to its target's device and dtype)
     runs = {"step": verify(1), "verify_8": verify(9), "verify_16": verify(17),
             "draft_8": cached_step(drafters[8], CTX, g), "draft_16": cached_step(drafters[16], CTX, g)}
     if tree_nodes:

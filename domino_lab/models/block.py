@@ -67,27 +67,23 @@ class BlockDrafter(Drafter):
         cfg = self.config
         vm = self.draft_vocab
         k = min(topk, vm.numel() if vm is not None else cfg.vocab_size)
-        # the compiled backbone runs on through the LM head and its top-k (one graph); otherwise None
-        out = self._block_states(ctx_feats, ctx_start, anchor, start, cache, key_valid, copy,
-                                 head=(self.draft_head_rows(), vm, k))
-        if out is None:
-            hs = self._block_states(ctx_feats, ctx_start, anchor, start, cache, key_valid, copy)
-            h, base, top = hs[:, cfg.first_draft_slot: cfg.first_draft_slot + m], None, None
-        else:
-            h, base, top = out[0][:, :m], out[1][:, :m], out[2]
+        h, base, top = self._block_states(ctx_feats, ctx_start, anchor, start, cache, key_valid, copy,
+                                          head=(self.draft_head_rows(), vm, k))
+        h, base = h[:, :m], base[:, :m]
         base, cols = self.draft_logits(h, copy[0] if copy is not None and self.copy_input is not None else None,
                                        base)
         base = add_noise(base, noise, cols)      # Gumbel-coupled sampling: the greedy rollout of noisy logits
-        if top is None or noise is not None or cols is not vm:
+        if noise is not None or cols is not vm:  # the logits changed after the pass: their top-k again
             return h, base, cols, _top(base[:, :n], min(topk, base.shape[-1]), cols)
         return h, base, cols, (top[0][:, :n], top[1][:, :n])
 
     # ---- inference -----------------------------------------------------------------------------
     def _block_states(self, ctx_feats, ctx_start, anchor, start, cache, key_valid=None, copy=None, head=None):
         """The backbone's states [b, block_size, H] of the block `[anchor, MASK, ...]` at `start`; the new context
-        enters the draft cache, and only context K/V stay in it afterwards. With `head` = (LM-head rows, their
-        vocabulary ids, k) and the compiled backbone (options.backbone_impl), the draft slots' states, logits and
-        base top-k come back instead (`_compiled_pass`), or None where that path does not apply."""
+        enters the draft cache, and only context K/V stay in it afterwards. With `head` = (LM-head rows (weight,
+        bias), their vocabulary ids, k), the draft slots' states, their logits over those rows and the logits' top k
+        (vocabulary ids, values) come back instead: with the compiled backbone (options.backbone_impl) the head is
+        part of its graph (`_compiled_pass`)."""
         cfg = self.config
         b = anchor.shape[0]
         dev = anchor.device
@@ -98,17 +94,22 @@ class BlockDrafter(Drafter):
             ctx_start = torch.as_tensor(ctx_start, device=dev)
             ctx_pos = ctx_start if ctx_start.dim() == 2 else (      # [b, C]: every slot's own position
                 ctx_start.reshape(-1, 1) + torch.arange(ctx_feats.shape[1], device=dev)).expand(b, -1)
+        rows = None if head is None else (*head[0], head[2])
         if (self.options.backbone_impl == "compiled" and cache is not None and key_valid is None and b == 1
                 and ctx_feats is not None and ctx_feats.shape[1]):
-            return self._compiled_pass(anchor, copy, ctx_feats, torch.cat([ctx_pos, block_pos], 1), cache, head)
-        if head is not None:
-            return None
-        emb = self._block_embeddings(self._block_ids(anchor), copy)
-        mask = key_valid[:, None, None, :] if key_valid is not None else None    # broadcast over heads, queries
-        hs = self.backbone(emb, block_pos, ctx_feats, ctx_pos, mask=mask, cache=cache)
-        if cache is not None:
-            cache.crop(-cfg.block_size)      # keep context K/V only; block K/V are recomputed every round
-        return hs
+            out = self._compiled_pass(anchor, copy, ctx_feats, torch.cat([ctx_pos, block_pos], 1), cache, rows)
+        else:
+            emb = self._block_embeddings(self._block_ids(anchor), copy)
+            mask = key_valid[:, None, None, :] if key_valid is not None else None    # broadcast over heads, queries
+            out = self.backbone(emb, block_pos, ctx_feats, ctx_pos, mask=mask, cache=cache)
+            if cache is not None:
+                cache.crop(-cfg.block_size)      # keep context K/V only; block K/V are recomputed every round
+            if head is not None:
+                out = self._slot_logits(out, *rows)
+        if head is None:
+            return out
+        h, base, (idx, val) = out
+        return h, base, (to_vocab(idx, head[1]), val)
 
     def _block_ids(self, anchor: torch.Tensor) -> torch.Tensor:
         """Blocks [b, block_size] `[anchor, MASK, ...]` of anchors [b]."""
@@ -123,21 +124,25 @@ class BlockDrafter(Drafter):
         block's states and the new context's keys and values per layer."""
         return self.backbone.infer(self._block_embeddings(self._block_ids(anchor), copy), ctx_feats, pos, past)
 
-    def _draft_pass(self, anchor, copy, ctx_feats, pos, past, weight, bias, k: int):
-        """`_states_pass` on through the draft LM head (rows `weight`, `bias`): ((the draft slots' states, their
-        logits over those rows, the logits' top k (column indices, values))), the new keys and values)."""
+    def _slot_logits(self, hs, weight, bias, k: int):
+        """The draft slots' states of the block's states hs, their logits over the LM-head rows (weight, bias) and
+        the logits' top k (column indices, values)."""
         cfg = self.config
-        hs, new = self._states_pass(anchor, copy, ctx_feats, pos, past)
         h = hs[:, cfg.first_draft_slot: cfg.first_draft_slot + cfg.num_drafts]
         base = F.linear(h, weight, bias)
         top = base.topk(k, dim=-1)
-        return (h, base, (top.indices, top.values)), new
+        return h, base, (top.indices, top.values)
 
-    def _compiled_pass(self, anchor, copy, ctx_feats, pos, cache, head):
-        """`_states_pass` (head None) or `_draft_pass` (head = ((weight, bias), vocabulary ids of the rows or None,
-        k)), compiled (options.backbone_impl): the cache's keys and values go in as tensors and only the new
-        context's come back into it, so there is no block part to crop. Graphs with dynamic lengths serve every
-        step (the context grows; a step adds 1 to block-size positions): `_compiled_fn`."""
+    def _draft_pass(self, anchor, copy, ctx_feats, pos, past, weight, bias, k: int):
+        """`_states_pass` on through the draft LM head: (`_slot_logits`, the new keys and values)."""
+        hs, new = self._states_pass(anchor, copy, ctx_feats, pos, past)
+        return self._slot_logits(hs, weight, bias, k), new
+
+    def _compiled_pass(self, anchor, copy, ctx_feats, pos, cache, rows):
+        """`_states_pass` (rows None) or `_draft_pass` (rows = (weight, bias, k) of the draft LM head), compiled
+        (options.backbone_impl): the cache's keys and values go in as tensors and only the new context's come back
+        into it, so there is no block part to crop. Graphs with dynamic lengths serve every step (the context
+        grows; a step adds 1 to block-size positions): `_compiled_fn`."""
         cfg = self.config
         layers = cache.layers
         # (an empty layer gets tensors of its own: inputs that alias each other compile a graph of their own)
@@ -149,13 +154,10 @@ class BlockDrafter(Drafter):
                     torch.zeros(1, dtype=torch.long, device=anchor.device), ctx_feats.new_zeros(1, 2))
         # a copy: the features are a view of the verify's output, and a graph compiled for one view guards on its base
         ctx_feats = ctx_feats.clone()
-        fn, args = (self._states_pass, ()) if head is None else (self._draft_pass, (*head[0], head[2]))
+        fn, args = (self._states_pass, ()) if rows is None else (self._draft_pass, rows)
         out, new = self._compiled_fn(fn, anchor, copy, ctx_feats, args)(anchor, copy, ctx_feats, pos, past, *args)
         for i, (k, v) in enumerate(new):
             cache.update(k, v, i)
-        if head is not None:
-            h, base, (idx, val) = out
-            out = h, base, (to_vocab(idx, head[1]), val)
         return out
 
     def _compiled_fn(self, fn, anchor, copy, ctx_feats, args):
