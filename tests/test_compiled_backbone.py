@@ -10,7 +10,7 @@ from domino_lab.data.eval_sets import load_eval_set
 from domino_lab.decoding import speculative_generate
 from domino_lab.decoding.kv_cache import new_cache
 from domino_lab.errors import UserError
-from domino_lab.models import InferenceOptions, load_drafter
+from domino_lab.models import InferenceOptions, compiled_pass, load_drafter
 
 
 @pytest.fixture(scope="module")
@@ -75,6 +75,28 @@ def test_compiled_backbone_decodes_losslessly_and_drafts_what_eager_drafts(targe
                                           atol=1e-3)
     assert any(x is not None and x.numel() for x in extended)        # the extension after the graph was taken
     assert "_draft_pass" in compiled._compiled and getattr(eager, "_compiled", None) is None
+    # every call ran a graph compiled ahead, its guards held at the first call: nothing went the guarded way
+    passes = compiled._compiled["_draft_pass"]
+    mine = [ok for sig, ok in passes.checked.items() if sig[0] == id(compiled)]
+    assert mine and all(mine) and passes._dynamo is None
+
+
+def test_calls_the_graphs_do_not_cover_go_through_torch_compile(target):
+    """A one-token prompt (an empty cache with a context of one position, then one cached position: shape classes
+    without a graph of their own) and a top-1 draft (a count the graphs were not compiled for: its first guard check
+    fails) go through ordinary torch.compile, and decode as the eager drafter does."""
+    eager = load_drafter("default", target)
+    compiled = load_drafter("default", target, options=InferenceOptions(backbone_impl="compiled"))
+    for prompt, topk in (("def", 0), ("def f(x):\n", 0), ("def f(x):\n", 1)):
+        a, b = (speculative_generate(target, d, prompt=prompt, max_new_tokens=24, topk=topk) for d in (eager, compiled))
+        plain = speculative_generate(target, None, prompt=prompt, max_new_tokens=24)
+        assert a.token_ids == b.token_ids == plain.token_ids
+        assert [s.accepted for s in a.steps] == [s.accepted for s in b.steps]
+        passes = compiled._compiled["_draft_pass"]
+        if prompt == "def":
+            assert len(target.encode(prompt)) == 1 and passes._dynamo is not None   # its classes had no graph
+            assert all(passes.checked.values())
+    assert False in passes.checked.values() and True in passes.checked.values()     # top-1 failed its check
 
 
 def test_backbone_impl_is_checked():
@@ -99,6 +121,7 @@ def test_every_graph_is_compiled_at_the_first_draft(target):
     from torch._dynamo.utils import counters
 
     torch._dynamo.reset()           # graphs compiled by earlier tests would serve this drafter too
+    compiled_pass.clear()
     d = load_drafter("default", target, options=InferenceOptions(backbone_impl="compiled"))
     rows = load_eval_set("humaneval", limit=3)
     before = counters["stats"]["unique_graphs"]
@@ -110,15 +133,24 @@ def test_every_graph_is_compiled_at_the_first_draft(target):
     assert counters["stats"]["unique_graphs"] == graphs
 
 
-def test_drafters_of_several_structures_each_get_their_graphs(target):
-    """dynamo's recompile limit counts graphs per function across all drafters: a second drafter structure (no copy
-    input) compiles its own graphs rather than running uncompiled once the first has used up the limit."""
+def test_drafters_of_one_structure_share_graphs_and_of_another_get_their_own(target):
+    """The graphs compiled ahead read a drafter's weights from the drafter, so two drafters of one structure share
+    them (a bench's second `default` compiles nothing) while a drafter without the copy input gets graphs of its own;
+    dynamo's recompile limit (graphs per function across all drafters) does not apply to them, and each drafts as its
+    eager self does."""
     from torch._dynamo.utils import counters
 
-    torch._dynamo.reset()
-    with torch._dynamo.config.patch(recompile_limit=3):         # room for one structure's graphs only
-        before = counters["stats"]["unique_graphs"]
-        for spec in ("default", "default-nocopy"):
+    p = load_eval_set("humaneval", limit=1)[0]["prompt"]
+    with torch._dynamo.config.patch(recompile_limit=1):
+        passes = []
+        for spec in ("default", "default", "default-nocopy"):
             d = load_drafter(spec, target, options=InferenceOptions(backbone_impl="compiled"))
-            speculative_generate(target, d, prompt="def f(x):\n", max_new_tokens=6)
-        assert counters["stats"]["unique_graphs"] == before + 6
+            before = counters["stats"]["unique_graphs"]
+            got = speculative_generate(target, d, prompt=p, max_new_tokens=40)
+            if passes and spec == "default":
+                assert counters["stats"]["unique_graphs"] == before        # the first default's graphs served it
+            want = speculative_generate(target, load_drafter(spec, target), prompt=p, max_new_tokens=40)
+            assert got.token_ids == want.token_ids
+            assert [s.accepted for s in got.steps] == [s.accepted for s in want.steps]
+            passes.append(d._compiled["_draft_pass"])
+    assert passes[0] is passes[1] and passes[2] is not passes[0] and len(passes[2].graphs) == 3

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..sampling import sample_from, top_children
+from . import compiled_pass
 from .backbone import Backbone, block_attention_mask
 from .config import DrafterConfig
 from .domino_head import DominoHead
@@ -20,9 +21,6 @@ from .frspec import add_noise, q_to_vocab, to_vocab
 from .registry import register
 
 PREFIX_MODES = ("teacher_forcing", "ttt")
-# (cached positions, new context positions) of the compiled pass's warm-up calls: an empty cache, the general case
-# and a context of one position each take a graph of their own (`BlockDrafter._compiled_fn`)
-_WARM_SHAPES = ((0, 3), (13, 3), (13, 1))
 
 
 @register("dflash")
@@ -87,25 +85,31 @@ class BlockDrafter(Drafter):
         cfg = self.config
         b = anchor.shape[0]
         dev = anchor.device
-        start = torch.as_tensor(start, device=dev).reshape(-1, 1)
-        block_pos = (start + torch.arange(cfg.block_size, device=dev)).expand(b, -1)
-        ctx_pos = None
-        if ctx_feats is not None:
-            ctx_start = torch.as_tensor(ctx_start, device=dev)
-            ctx_pos = ctx_start if ctx_start.dim() == 2 else (      # [b, C]: every slot's own position
-                ctx_start.reshape(-1, 1) + torch.arange(ctx_feats.shape[1], device=dev)).expand(b, -1)
         rows = None if head is None else (*head[0], head[2])
-        if (self.options.backbone_impl == "compiled" and cache is not None and key_valid is None and b == 1
-                and ctx_feats is not None and ctx_feats.shape[1]):
-            out = self._compiled_pass(anchor, copy, ctx_feats, torch.cat([ctx_pos, block_pos], 1), cache, rows)
+        compiled = (self.options.backbone_impl == "compiled" and cache is not None and key_valid is None and b == 1
+                    and ctx_feats is not None and ctx_feats.shape[1])
+        if (compiled and isinstance(ctx_start, int) and isinstance(start, int)
+                and ctx_start + ctx_feats.shape[1] == start):  # decoding's case, the block after its context: one range
+            out = self._compiled_pass(anchor, copy, ctx_feats,
+                                      torch.arange(ctx_start, start + cfg.block_size, device=dev)[None], cache, rows)
         else:
-            emb = self._block_embeddings(self._block_ids(anchor), copy)
-            mask = key_valid[:, None, None, :] if key_valid is not None else None    # broadcast over heads, queries
-            out = self.backbone(emb, block_pos, ctx_feats, ctx_pos, mask=mask, cache=cache)
-            if cache is not None:
-                cache.crop(-cfg.block_size)      # keep context K/V only; block K/V are recomputed every round
-            if head is not None:
-                out = self._slot_logits(out, *rows)
+            start = torch.as_tensor(start, device=dev).reshape(-1, 1)
+            block_pos = (start + torch.arange(cfg.block_size, device=dev)).expand(b, -1)
+            ctx_pos = None
+            if ctx_feats is not None:
+                ctx_start = torch.as_tensor(ctx_start, device=dev)
+                ctx_pos = ctx_start if ctx_start.dim() == 2 else (      # [b, C]: every slot's own position
+                    ctx_start.reshape(-1, 1) + torch.arange(ctx_feats.shape[1], device=dev)).expand(b, -1)
+            if compiled:
+                out = self._compiled_pass(anchor, copy, ctx_feats, torch.cat([ctx_pos, block_pos], 1), cache, rows)
+            else:
+                emb = self._block_embeddings(self._block_ids(anchor), copy)
+                mask = key_valid[:, None, None, :] if key_valid is not None else None  # broadcast: heads, queries
+                out = self.backbone(emb, block_pos, ctx_feats, ctx_pos, mask=mask, cache=cache)
+                if cache is not None:
+                    cache.crop(-cfg.block_size)      # keep context K/V only; block K/V are recomputed every round
+                if head is not None:
+                    out = self._slot_logits(out, *rows)
         if head is None:
             return out
         h, base, (idx, val) = out
@@ -152,41 +156,44 @@ class BlockDrafter(Drafter):
         if self.copy_input is not None and copy is None:      # no candidate: the same graph, adding nothing
             copy = (torch.full((1, cfg.num_drafts), -1, device=anchor.device),
                     torch.zeros(1, dtype=torch.long, device=anchor.device), ctx_feats.new_zeros(1, 2))
-        # a copy: the features are a view of the verify's output, and a graph compiled for one view guards on its base
-        ctx_feats = ctx_feats.clone()
+        # a copy: the features are a view of the verify's output, and a graph compiled for one view guards on its base;
+        # a plain clone would keep the view's stride for the batch dimension, which the graphs' guards also test
+        ctx_feats = ctx_feats.clone(memory_format=torch.contiguous_format)
         fn, args = (self._states_pass, ()) if rows is None else (self._draft_pass, rows)
-        out, new = self._compiled_fn(fn, anchor, copy, ctx_feats, args)(anchor, copy, ctx_feats, pos, past, *args)
+        c, inputs = self._compiled_fn(fn, anchor, copy, ctx_feats, args), (anchor, copy, ctx_feats, pos, past, *args)
+        out, new = c(self, *inputs) if c is not None else fn(*inputs)
         for i, (k, v) in enumerate(new):
             cache.update(k, v, i)
         return out
 
     def _compiled_fn(self, fn, anchor, copy, ctx_feats, args):
-        """`fn` (`_states_pass` or `_draft_pass`) under torch.compile, compiled at its first use with every graph a
-        decode meets, so that no later step stalls to compile: torch specialises on lengths 0 and 1, so an empty
-        cache and a context of one position (a step that accepted no draft) take graphs of their own, beside the
-        general one. The example calls hold the cached keys and values as a decode's cache does (views of a larger
-        buffer), at lengths that match no other dimension (torch would equate them). Without a C++ compiler (or
-        any other compiler failure) the pass runs uncompiled, after one warning."""
+        """`fn` (`_states_pass` or `_draft_pass`) compiled at its first use for every shape class a decode meets
+        (compiled_pass.py: called without per-call guard checks, shared by the drafters of one structure), so that
+        no later step stalls to compile. The example calls hold the cached keys and values as a decode's cache does
+        (views of a larger buffer), at lengths that match no other dimension (torch would equate them). Without a C++
+        compiler (or any other compiler failure) the pass runs uncompiled, after one warning."""
         compiled = getattr(self, "_compiled", None)
         if compiled is None:
             compiled = self._compiled = {}
         if fn.__name__ not in compiled:
-            cfg, c = self.config, torch.compile(fn, dynamic=True)
-            _make_room_for_graphs(fn)
+            cfg = self.config
 
             def kv(n_past):
                 buf = ctx_feats.new_zeros(1, cfg.num_key_value_heads, 29, cfg.head_dim)
                 return buf.narrow(2, 0, n_past) if n_past else buf[:, :, :0].clone()
+            examples = [(anchor, copy, ctx_feats.new_zeros(1, n_ctx, ctx_feats.shape[-1]),
+                         torch.arange(n_past, n_past + n_ctx + cfg.block_size, device=anchor.device)[None].clone(),
+                         [(kv(n_past), kv(n_past)) for _ in range(cfg.num_layers)], *args)
+                        for n_past, n_ctx in compiled_pass.WARM_SHAPES]
             try:
-                for n_past, n_ctx in _WARM_SHAPES:
-                    c(anchor, copy, ctx_feats.new_zeros(1, n_ctx, ctx_feats.shape[-1]),
-                      torch.arange(n_past, n_past + n_ctx + cfg.block_size, device=anchor.device)[None].clone(),
-                      [(kv(n_past), kv(n_past)) for _ in range(cfg.num_layers)], *args)
+                # (one structure: the config, and the dtype and device the weights are in)
+                c = compiled_pass.shared(fn.__func__, self, f"{cfg.to_json()}|{ctx_feats.dtype}|{ctx_feats.device}",
+                                         examples)
             except Exception as e:      # noqa: BLE001 -- any compiler failure: the same pass, uncompiled
                 warnings.warn(f"the compiled backbone is not available here ({type(e).__name__}: "
                               f"{str(e).strip().splitlines()[0] if str(e).strip() else ''}); drafting with the "
                               "eager one", stacklevel=2)
-                c = fn
+                c = None
             compiled[fn.__name__] = c
         return compiled[fn.__name__]
 
@@ -353,15 +360,3 @@ class DominoDrafter(BlockDrafter):
         super().build(config)
         self.head = DominoHead(config.hidden_size, config.gru_hidden, config.rank, config.vocab_size,
                                config.correct_first)
-
-
-_warmed: dict[str, int] = {}
-
-
-def _make_room_for_graphs(fn) -> None:
-    """dynamo counts the graphs of one function's code against `recompile_limit` (8) across every drafter in the
-    process, and past it runs that function uncompiled: a bench comparing three compiled drafter structures would
-    time its third drafter partly eager. Each warm-up raises the limit by the graphs a drafter can add."""
-    _warmed[fn.__name__] = _warmed.get(fn.__name__, 0) + 1
-    conf = torch._dynamo.config
-    conf.recompile_limit = max(conf.recompile_limit, len(_WARM_SHAPES) * _warmed[fn.__name__])

@@ -24,7 +24,7 @@ class InferenceOptions:
     # The block drafters' pass at batch 1: "eager" = module by module; "compiled" = embeddings, copy input, backbone
     # and draft LM head as one torch.compile graph (BlockDrafter._draft_pass), which fuses the small ops around the
     # matmuls: on a CPU where those ops' dispatch, not the matmuls, is most of a draft step
-    # (experiments/results/draft_floor), a shorter step. The first draft compiles (~10 s on the 2-core CPU); batches
+    # (experiments/results/draft_floor), a shorter step. The first draft compiles (15-30 s on the 2-core CPU); batches
     # and training stay eager.
     backbone_impl: str = "eager"
     # Greedy drafting scores the head's correction only on the top-K tokens of the block's per-token max base
@@ -136,7 +136,7 @@ def add_inference_args(p, block_size: bool = False) -> None:
                         "fast (table + pool in torch ops), compiled (torch.compile), eager (reference)")
     p.add_argument("--backbone-impl", default=None, choices=BACKBONE_IMPLS,
                    help="block drafters at batch 1: eager (the default) or compiled (the pass up to the head as one "
-                        "torch.compile graph; the first draft compiles for ~10 s)")
+                        "torch.compile graph; the first draft compiles for 15-30 s)")
     p.add_argument("--candidate-pool", type=int, default=None,
                    help="greedy: score the head's correction on the top-K candidates only (0 = full vocabulary, "
                         "exact; default 64); sampling always scores the whole draft vocabulary")
