@@ -79,13 +79,13 @@ def test_candidates_outside_the_frspec_list_can_be_drafted(target):
     assert base.shape[-1] == 6 and sorted(vm.tolist()) == [5, 6, 7, 8, 30, 31]
 
 
-
-def test_the_unlisted_candidates_of_a_few_ids_and_of_many_are_the_same():
-    """A decode's few copy candidates are sorted out on the host, a larger set of ids as tensors: the same tokens."""
+def test_the_unlisted_candidates_are_the_distinct_ids_outside_the_list():
+    """The candidates outside the FR-Spec list, for one block's ids, a batch's and a larger set: each distinct
+    one once, sorted."""
     d = Drafter.untrained(tiny_target(vocab=48, layers=2, hidden=32, eos=None), "dflash", copy_ngram=2,
                           frspec_k=6).set_frspec([3, 5, 6, 7, 8, 40])
     g = torch.Generator().manual_seed(0)
-    for shape in ((1, 8), (2, 8), (4, 40)):                 # 8 and 16 ids on the host, 160 as tensors
+    for shape in ((1, 8), (2, 8), (4, 40)):
         ids = torch.randint(-1, 48, shape, generator=g)
         want = sorted({i for i in ids.flatten().tolist() if i >= 0} - {3, 5, 6, 7, 8, 40})
         got = d.unlisted(ids)

@@ -89,7 +89,7 @@ class Drafter(nn.Module, metaclass=ABCMeta):
         self._target = None
         if config.frspec_k:   # placeholder ids until set_frspec (training) or load_state_dict (a checkpoint)
             self.register_buffer("frspec_ids", torch.arange(config.frspec_k), persistent=True)
-        self._fr_head = None  # (key, W_lm rows of the FR-Spec subset, membership [V] and as a set), rebuilt on change
+        self._fr_head = None  # (key, W_lm rows of the FR-Spec subset, its token ids as a set), rebuilt on change
         self.build(config)
         self._init_weights()
         if target is not None:
@@ -215,17 +215,13 @@ class Drafter(nn.Module, metaclass=ABCMeta):
         return self._fr_rows()[0]
 
     def _fr_rows(self):
-        """((weight, bias) of the FR-Spec rows, membership table [V] of the list, the list as a set), rebuilt when
-        either changes."""
+        """((weight, bias) of the FR-Spec rows, the list's token ids as a set), rebuilt when either changes."""
         vm, lm = self.draft_vocab, self.target.lm_head
         bias = getattr(lm, "bias", None)
         key = (lm.weight.data_ptr(), lm.weight._version, vm.data_ptr(), vm._version, lm.weight.device)
         if self._fr_head is None or self._fr_head[0] != key:
             with torch.no_grad():
-                listed = torch.zeros(lm.weight.shape[0], dtype=torch.bool, device=vm.device)
-                listed[vm] = True         # membership by lookup (draft_logits): torch.isin sorts on every call
-                self._fr_head = (key, (lm.weight[vm], bias[vm] if bias is not None else None), listed,
-                                 frozenset(vm.tolist()))
+                self._fr_head = (key, (lm.weight[vm], bias[vm] if bias is not None else None), frozenset(vm.tolist()))
         return self._fr_head[1:]
 
     def draft_lm_head(self, h: torch.Tensor) -> torch.Tensor:
@@ -236,12 +232,11 @@ class Drafter(nn.Module, metaclass=ABCMeta):
         """The distinct tokens of `ids` (-1 = none) that the FR-Spec list leaves out (None: no list or no ids)."""
         if self.draft_vocab is None or ids is None:
             return None
-        _, listed, members = self._fr_rows()
-        if ids.numel() <= 64 and ids.device.type == "cpu":    # a decode's few copy candidates: cheaper on the host
-            return torch.tensor(sorted({i for i in ids.flatten().tolist() if i >= 0 and i not in members}),
-                                dtype=torch.long)
-        ids = ids[ids >= 0].unique()
-        return ids[~listed[ids]]
+        # (a few copy candidates a block, b x n: on the host, a set lookup costs less than the ops that mask, sort
+        # and index them, and draft_logits reads the count on the host anyway)
+        members = self._fr_rows()[1]
+        return torch.tensor(sorted({i for i in ids.flatten().tolist() if i >= 0 and i not in members}),
+                            dtype=torch.long, device=ids.device)
 
     def draft_logits(self, h: torch.Tensor, extra_ids: torch.Tensor | None = None, base: torch.Tensor | None = None
                      ) -> tuple[torch.Tensor, torch.Tensor | None]:
