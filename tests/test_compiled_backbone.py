@@ -83,12 +83,12 @@ def test_compiled_backbone_decodes_losslessly_and_drafts_what_eager_drafts(targe
 
 def test_calls_the_graphs_do_not_cover_go_through_torch_compile(target):
     """A one-token prompt (an empty cache with a context of one position, then one cached position: shape classes
-    without a graph of their own) and a top-1 draft (a count the graphs were not compiled for: its first guard check
-    fails) go through ordinary torch.compile, and decode as the eager drafter does."""
+    without a graph of their own) and an int32 anchor (an input dtype the graphs were not compiled for: its first
+    guard check fails) go through ordinary torch.compile, and draft as the eager drafter does."""
     eager = load_drafter("default", target)
     compiled = load_drafter("default", target, options=InferenceOptions(backbone_impl="compiled"))
-    for prompt, topk in (("def", 0), ("def f(x):\n", 0), ("def f(x):\n", 1)):
-        a, b = (speculative_generate(target, d, prompt=prompt, max_new_tokens=24, topk=topk) for d in (eager, compiled))
+    for prompt in ("def", "def f(x):\n"):
+        a, b = (speculative_generate(target, d, prompt=prompt, max_new_tokens=24) for d in (eager, compiled))
         plain = speculative_generate(target, None, prompt=prompt, max_new_tokens=24)
         assert a.token_ids == b.token_ids == plain.token_ids
         assert [s.accepted for s in a.steps] == [s.accepted for s in b.steps]
@@ -96,7 +96,16 @@ def test_calls_the_graphs_do_not_cover_go_through_torch_compile(target):
         if prompt == "def":
             assert len(target.encode(prompt)) == 1 and passes._dynamo is not None   # its classes had no graph
             assert all(passes.checked.values())
-    assert False in passes.checked.values() and True in passes.checked.values()     # top-1 failed its check
+    cfg, g = compiled.config, torch.Generator().manual_seed(0)
+    feats = torch.randn(1, 6, len(cfg.target_layer_ids) * cfg.hidden_size, generator=g)
+    drafts = []
+    with torch.no_grad():
+        for d in (eager, compiled):
+            cache = new_cache()
+            d.draft(feats[:, :4], 0, torch.tensor([5]), 4, cache)
+            drafts.append(d.draft(feats[:, 4:], 4, torch.tensor([7], dtype=torch.int32), 6, cache).tokens)
+    assert torch.equal(*drafts)
+    assert False in passes.checked.values() and True in passes.checked.values()     # int32 failed its check
 
 
 def test_backbone_impl_is_checked():

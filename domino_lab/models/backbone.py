@@ -66,6 +66,24 @@ class DraftAttention(nn.Module):
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=self.nh != self.nkv)
         return self.o_proj(out.transpose(1, 2).reshape(b, q_len, self.nh * self.hd))
 
+    def attend_cached(self, x, past_k, past_v, k, v, blk_rope):
+        """`attend` without a mask over two parts of keys / values, the cached ones and the new ones, without
+        joining them: one softmax over both parts' scores, then each part's share of the values. At inference a
+        block's ~10 queries meet a cache of hundreds of positions, and joining would copy the whole cache every
+        step; written as plain products (query heads grouped by the key head they share), torch.compile fuses the
+        scaling, the softmax and the sum, where the fused attention kernel costs more to set up than it computes
+        (docs/design.md#compiled-backbone)."""
+        b, q_len, _ = x.shape
+        q = rope(self.q_norm(self.q_proj(x).view(b, q_len, self.nh, self.hd)).transpose(1, 2), *blk_rope)
+        # [b, kv heads, (heads per kv head) * Q, d]: query head h reads key head h // (nh / nkv), as enable_gqa
+        q = q.reshape(b, self.nkv, self.nh // self.nkv * q_len, self.hd) * self.hd ** -0.5
+        n = past_k.shape[2]
+        # (the softmax in float32 whatever the weights' dtype, as the fused kernel does)
+        p = torch.cat([q @ past_k.transpose(-1, -2), q @ k.transpose(-1, -2)], dim=-1).softmax(-1, torch.float32)
+        p = p.to(v.dtype)
+        out = (p[..., :n] @ past_v + p[..., n:] @ v).view(b, self.nh, q_len, self.hd)
+        return self.o_proj(out.transpose(1, 2).reshape(b, q_len, self.nh * self.hd))
+
 
 class DraftLayer(nn.Module):
     def __init__(self, cfg: DrafterConfig, layer_idx: int):
@@ -133,7 +151,7 @@ class Backbone(nn.Module):
             k, v = a.kv(torch.cat([ctx, h], dim=1), *kv_rope)
             # (contiguous: the cache then holds tensors of one layout, and a compiled caller one graph for them)
             new.append((k[:, :, :c].contiguous(), v[:, :, :c].contiguous()))
-            x = x + a.attend(h, torch.cat([pk, k], dim=2), torch.cat([pv, v], dim=2), blk_rope)
+            x = x + a.attend_cached(h, pk, pv, k, v, blk_rope)
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         return self.norm(x), new
 

@@ -60,32 +60,27 @@ class BlockDrafter(Drafter):
                      topk: int):
         """The block's pass for drafting: the first m draft slots' states h [b, m, H], their draft logits
         [b, m, K'] (Gumbel `noise` added) with the columns' vocabulary ids, and the top-k (vocabulary ids, values)
-        of the first n slots' logits. A copy drafts the text's own tokens, which may be rare ones (names in a
-        prompt) that an FR-Spec list leaves out, so its candidates extend the list (one more LM-head row each)."""
-        cfg = self.config
-        vm = self.draft_vocab
-        k = min(topk, vm.numel() if vm is not None else cfg.vocab_size)
-        h, base, top = self._block_states(ctx_feats, ctx_start, anchor, start, cache, key_valid, copy,
-                                          head=(self.draft_head_rows(), vm, k))
+        of the first n slots' logits (a `LazyTop`). A copy drafts the text's own tokens, which may be rare ones
+        (names in a prompt) that an FR-Spec list leaves out, so its candidates extend the list (one more LM-head
+        row each)."""
+        h, base = self._block_states(ctx_feats, ctx_start, anchor, start, cache, key_valid, copy,
+                                     head=self.draft_head_rows())
         h, base = h[:, :m], base[:, :m]
         base, cols = self.draft_logits(h, copy[0] if copy is not None and self.copy_input is not None else None,
                                        base)
         base = add_noise(base, noise, cols)      # Gumbel-coupled sampling: the greedy rollout of noisy logits
-        if noise is not None or cols is not vm:  # the logits changed after the pass: their top-k again
-            return h, base, cols, _top(base[:, :n], min(topk, base.shape[-1]), cols)
-        return h, base, cols, (top[0][:, :n], top[1][:, :n])
+        return h, base, cols, LazyTop(base[:, :n], min(topk, base.shape[-1]), cols)
 
     # ---- inference -----------------------------------------------------------------------------
     def _block_states(self, ctx_feats, ctx_start, anchor, start, cache, key_valid=None, copy=None, head=None):
         """The backbone's states [b, block_size, H] of the block `[anchor, MASK, ...]` at `start`; the new context
-        enters the draft cache, and only context K/V stay in it afterwards. With `head` = (LM-head rows (weight,
-        bias), their vocabulary ids, k), the draft slots' states, their logits over those rows and the logits' top k
-        (vocabulary ids, values) come back instead: with the compiled backbone (options.backbone_impl) the head is
-        part of its graph (`_compiled_pass`)."""
+        enters the draft cache, and only context K/V stay in it afterwards. With `head` = the LM-head rows (weight,
+        bias) to draft over, the draft slots' states and their logits over those rows come back instead: with the
+        compiled backbone (options.backbone_impl) the head is part of its graph (`_compiled_pass`)."""
         cfg = self.config
         b = anchor.shape[0]
         dev = anchor.device
-        rows = None if head is None else (*head[0], head[2])
+        rows = head
         compiled = (self.options.backbone_impl == "compiled" and cache is not None and key_valid is None and b == 1
                     and ctx_feats is not None and ctx_feats.shape[1])
         if (compiled and isinstance(ctx_start, int) and isinstance(start, int)
@@ -110,10 +105,7 @@ class BlockDrafter(Drafter):
                     cache.crop(-cfg.block_size)      # keep context K/V only; block K/V are recomputed every round
                 if head is not None:
                     out = self._slot_logits(out, *rows)
-        if head is None:
-            return out
-        h, base, (idx, val) = out
-        return h, base, (to_vocab(idx, head[1]), val)
+        return out
 
     def _block_ids(self, anchor: torch.Tensor) -> torch.Tensor:
         """Blocks [b, block_size] `[anchor, MASK, ...]` of anchors [b]."""
@@ -128,22 +120,19 @@ class BlockDrafter(Drafter):
         block's states and the new context's keys and values per layer."""
         return self.backbone.infer(self._block_embeddings(self._block_ids(anchor), copy), ctx_feats, pos, past)
 
-    def _slot_logits(self, hs, weight, bias, k: int):
-        """The draft slots' states of the block's states hs, their logits over the LM-head rows (weight, bias) and
-        the logits' top k (column indices, values)."""
+    def _slot_logits(self, hs, weight, bias):
+        """The draft slots' states of the block's states hs and their logits over the LM-head rows (weight, bias)."""
         cfg = self.config
         h = hs[:, cfg.first_draft_slot: cfg.first_draft_slot + cfg.num_drafts]
-        base = F.linear(h, weight, bias)
-        top = base.topk(k, dim=-1)
-        return h, base, (top.indices, top.values)
+        return h, F.linear(h, weight, bias)
 
-    def _draft_pass(self, anchor, copy, ctx_feats, pos, past, weight, bias, k: int):
+    def _draft_pass(self, anchor, copy, ctx_feats, pos, past, weight, bias):
         """`_states_pass` on through the draft LM head: (`_slot_logits`, the new keys and values)."""
         hs, new = self._states_pass(anchor, copy, ctx_feats, pos, past)
-        return self._slot_logits(hs, weight, bias, k), new
+        return self._slot_logits(hs, weight, bias), new
 
     def _compiled_pass(self, anchor, copy, ctx_feats, pos, cache, rows):
-        """`_states_pass` (rows None) or `_draft_pass` (rows = (weight, bias, k) of the draft LM head), compiled
+        """`_states_pass` (rows None) or `_draft_pass` (rows = (weight, bias) of the draft LM head), compiled
         (options.backbone_impl): the cache's keys and values go in as tensors and only the new context's come back
         into it, so there is no block part to crop. Graphs with dynamic lengths serve every step (the context
         grows; a step adds 1 to block-size positions): `_compiled_fn`."""
@@ -212,7 +201,7 @@ class BlockDrafter(Drafter):
         # [b, m, V] (FR-Spec: [b, m, K]): all slots in one parallel pass
         h, base, vm, bt = self._draft_slots(ctx_feats, ctx_start, anchor, start, cache, key_valid, copy, noise, m, n,
                                             topk)
-        k = bt[0].shape[-1]
+        k = bt.k
         if not self.uses_head:               # no correction: the final logits are the base logits
             base = base[:, :n]
             tokens, q = sample_from(base.flatten(0, 1), temperature, top_p, generator)
@@ -220,7 +209,7 @@ class BlockDrafter(Drafter):
             return Draft(to_vocab(tokens.view(base.shape[:2]), vm), q, bt, bt)
         embed = self.target.embed_tokens.weight
         final0 = self.head.first_final(h, base, anchor, embed, vm)     # base itself unless correct_first
-        r = self.head.rollout(h, final0, anchor, embed, n, bt if final0 is base else _top(final0[:, :n], k, vm),
+        r = self.head.rollout(h, final0, anchor, embed, n, bt if final0 is base else LazyTop(final0[:, :n], k, vm),
                               self.options.candidate_pool, temperature, top_p, generator, impl=impl, vocab_ids=vm,
                               topk=k)
         return Draft(r.tokens, r.q, bt, r.top)
@@ -301,10 +290,28 @@ class BlockDrafter(Drafter):
         return BlockBatch(base.view(b, n_blk, n, v), final.view(b, n_blk, n, v), labels, valid, prefix)
 
 
-def _top(logits: torch.Tensor, k: int, vocab_ids: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(vocabulary ids, values) of the k largest of logits [..., V'] whose columns are `vocab_ids` (None: all)."""
-    t = logits.topk(k, dim=-1)
-    return to_vocab(t.indices, vocab_ids), t.values
+class LazyTop:
+    """(vocabulary ids, values) of the k largest of logits [..., V'] whose columns are `vocab_ids` (None: all), as a
+    pair that ranks the logits at its first use. A greedy chain with the fused head never uses its base top-k (the
+    rollout ranks its own logits): only step records, trees and DFlash's draft-length cutoff do, and a top-k over a
+    block's draft vocabulary is one of the larger ops of a compiled draft step (docs/design.md#compiled-backbone)."""
+
+    __slots__ = ("logits", "k", "vocab_ids", "_top")
+
+    def __init__(self, logits: torch.Tensor, k: int, vocab_ids: torch.Tensor | None):
+        self.logits, self.k, self.vocab_ids, self._top = logits, k, vocab_ids, None
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        if self._top is None:
+            t = self.logits.topk(self.k, dim=-1)
+            self._top = (to_vocab(t.indices, self.vocab_ids), t.values)
+        return self._top[i]
+
+    def __iter__(self):
+        return iter((self[0], self[1]))
+
+    def __len__(self) -> int:
+        return 2
 
 
 class CopyInput(nn.Module):

@@ -46,7 +46,7 @@ class CompiledPass:
     @staticmethod
     def _signature(owner, args, cls) -> tuple:
         """What a call's guards test that its shape class does not: the drafter, grad mode, the inputs' kinds,
-        dtypes, ranks and devices, and the value an int argument carries (the top-k count)."""
+        dtypes, ranks and devices, and the value an int argument would carry."""
         return id(owner), cls, torch.is_grad_enabled(), tuple(
             (a.dtype, a.dim(), a.device) if isinstance(a, torch.Tensor) else a if isinstance(a, int) else type(a)
             for a in args if not isinstance(a, (list, tuple))), tuple(type(a) for a in args[1] or ())
