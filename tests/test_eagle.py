@@ -1,4 +1,4 @@
-"""Issue 9 (code part): the EAGLE-style chain drafter (method `eagle`) and the FR-Spec draft vocabulary.
+"""The EAGLE-style chain drafter (method `eagle`) and the FR-Spec draft vocabulary.
 
 Lossless through the real engine, training-time test == inference chain, a brief training run helps,
 checkpoints round-trip; FR-Spec maps ids both ways, keeps greedy decoding lossless for every method and keeps

@@ -1,4 +1,4 @@
-"""Issue 10: the fast Domino head (input table, candidate pool, compiled rollout, fused C++ loop) against the eager
+"""The fast Domino head (input table, candidate pool, compiled rollout, fused C++ loop) against the eager
 reference."""
 import pytest
 import torch

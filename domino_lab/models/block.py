@@ -64,7 +64,7 @@ class BlockDrafter(Drafter):
         (names in a prompt) that an FR-Spec list leaves out, so its candidates extend the list (one more LM-head
         row each)."""
         h, base = self._block_states(ctx_feats, ctx_start, anchor, start, cache, key_valid, copy,
-                                     head=self.draft_head_rows())
+                                     rows=self.draft_head_rows())
         h, base = h[:, :m], base[:, :m]
         base, cols = self.draft_logits(h, copy[0] if copy is not None and self.copy_input is not None else None,
                                        base)
@@ -72,15 +72,14 @@ class BlockDrafter(Drafter):
         return h, base, cols, LazyTop(base[:, :n], min(topk, base.shape[-1]), cols)
 
     # ---- inference -----------------------------------------------------------------------------
-    def _block_states(self, ctx_feats, ctx_start, anchor, start, cache, key_valid=None, copy=None, head=None):
+    def _block_states(self, ctx_feats, ctx_start, anchor, start, cache, key_valid=None, copy=None, rows=None):
         """The backbone's states [b, block_size, H] of the block `[anchor, MASK, ...]` at `start`; the new context
-        enters the draft cache, and only context K/V stay in it afterwards. With `head` = the LM-head rows (weight,
+        enters the draft cache, and only context K/V stay in it afterwards. With `rows` = the LM-head rows (weight,
         bias) to draft over, the draft slots' states and their logits over those rows come back instead: with the
         compiled backbone (options.backbone_impl) the head is part of its graph (`_compiled_pass`)."""
         cfg = self.config
         b = anchor.shape[0]
         dev = anchor.device
-        rows = head
         compiled = (self.options.backbone_impl == "compiled" and cache is not None and key_valid is None and b == 1
                     and ctx_feats is not None and ctx_feats.shape[1])
         if (compiled and isinstance(ctx_start, int) and isinstance(start, int)
@@ -103,7 +102,7 @@ class BlockDrafter(Drafter):
                 out = self.backbone(emb, block_pos, ctx_feats, ctx_pos, mask=mask, cache=cache)
                 if cache is not None:
                     cache.crop(-cfg.block_size)      # keep context K/V only; block K/V are recomputed every round
-                if head is not None:
+                if rows is not None:
                     out = self._slot_logits(out, *rows)
         return out
 
