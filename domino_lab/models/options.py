@@ -136,7 +136,7 @@ def add_inference_args(p, block_size: bool = False) -> None:
                         "fast (table + pool in torch ops), compiled (torch.compile), eager (reference)")
     p.add_argument("--backbone-impl", default=None, choices=BACKBONE_IMPLS,
                    help="block drafters at batch 1: eager (the default) or compiled (the pass up to the head as one "
-                        "torch.compile graph; the first draft compiles for 15-30 s)")
+                        "torch.compile graph; the first draft compiles for 20-50 s)")
     p.add_argument("--candidate-pool", type=int, default=None,
                    help="greedy: score the head's correction on the top-K candidates only (0 = full vocabulary, "
                         "exact; default 64); sampling always scores the whole draft vocabulary")
