@@ -49,9 +49,9 @@ def test_infer_equals_the_cached_forward(target, spec):
 
 @pytest.mark.parametrize("spec", ["default", "default-dflash"])
 def test_compiled_backbone_decodes_losslessly_and_drafts_what_eager_drafts(target, spec):
-    """Chains and trees through the compiled pass (embeddings, copy input, backbone, draft LM head and its top-k as
-    one graph) decode what plain decoding does, step by step as the eager drafter does, with the same base top-k in
-    the records; copy candidates outside the FR-Spec list (names in the prompt) extend the logits after the graph."""
+    """Chains and trees through the compiled pass (embeddings, copy input, backbone and draft LM head as one graph)
+    decode what plain decoding does, step by step as the eager drafter does, with the same base top-k in the records;
+    copy candidates outside the FR-Spec list (names in the prompt) extend the logits after the graph."""
     # (humaneval's 11th prompt drafts from copy candidates outside the FR-Spec list)
     prompts = [load_eval_set("math", limit=1)[0]["prompt"], load_eval_set("humaneval", limit=11)[10]["prompt"]]
     eager = load_drafter(spec, target)

@@ -24,7 +24,7 @@ class InferenceOptions:
     # The block drafters' pass at batch 1: "eager" = module by module; "compiled" = embeddings, copy input, backbone
     # and draft LM head as one torch.compile graph (BlockDrafter._draft_pass), which fuses the small ops around the
     # matmuls: on a CPU where those ops' dispatch, not the matmuls, is most of a draft step
-    # (experiments/results/draft_floor), a shorter step. The first draft compiles (15-30 s on the 2-core CPU); batches
+    # (experiments/results/draft_floor), a shorter step. The first draft compiles (20-50 s on the 2-core CPU); batches
     # and training stay eager.
     backbone_impl: str = "eager"
     # Greedy drafting scores the head's correction only on the top-K tokens of the block's per-token max base
