@@ -59,12 +59,16 @@ class DraftAttention(nn.Module):
             k, v = cache.update(k, v, self.layer_idx)
         return self.attend(x, k, v, blk_rope, mask)
 
+    def queries(self, x, blk_rope):
+        """The block's queries [b, heads, Q, d] from x [b, Q, H]."""
+        b, q_len, _ = x.shape
+        return rope(self.q_norm(self.q_proj(x).view(b, q_len, self.nh, self.hd)).transpose(1, 2), *blk_rope)
+
     def attend(self, x, k, v, blk_rope, mask=None):
         """The block's queries from x [b, Q, H] over keys / values [b, kv heads, T, d], projected back."""
-        b, q_len, _ = x.shape
-        q = rope(self.q_norm(self.q_proj(x).view(b, q_len, self.nh, self.hd)).transpose(1, 2), *blk_rope)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=self.nh != self.nkv)
-        return self.o_proj(out.transpose(1, 2).reshape(b, q_len, self.nh * self.hd))
+        out = F.scaled_dot_product_attention(self.queries(x, blk_rope), k, v, attn_mask=mask,
+                                             enable_gqa=self.nh != self.nkv)
+        return self.o_proj(out.transpose(1, 2).flatten(2))
 
     def attend_cached(self, x, past_k, past_v, k, v, blk_rope):
         """`attend` without a mask over two parts of keys / values, the cached ones and the new ones, without
@@ -74,15 +78,14 @@ class DraftAttention(nn.Module):
         scaling, the softmax and the sum, where the fused attention kernel costs more to set up than it computes
         (docs/design.md#compiled-backbone)."""
         b, q_len, _ = x.shape
-        q = rope(self.q_norm(self.q_proj(x).view(b, q_len, self.nh, self.hd)).transpose(1, 2), *blk_rope)
         # [b, kv heads, (heads per kv head) * Q, d]: query head h reads key head h // (nh / nkv), as enable_gqa
-        q = q.reshape(b, self.nkv, self.nh // self.nkv * q_len, self.hd) * self.hd ** -0.5
+        q = self.queries(x, blk_rope).reshape(b, self.nkv, self.nh // self.nkv * q_len, self.hd) * self.hd ** -0.5
         n = past_k.shape[2]
         # (the softmax in float32 whatever the weights' dtype, as the fused kernel does)
         p = torch.cat([q @ past_k.transpose(-1, -2), q @ k.transpose(-1, -2)], dim=-1).softmax(-1, torch.float32)
         p = p.to(v.dtype)
         out = (p[..., :n] @ past_v + p[..., n:] @ v).view(b, self.nh, q_len, self.hd)
-        return self.o_proj(out.transpose(1, 2).reshape(b, q_len, self.nh * self.hd))
+        return self.o_proj(out.transpose(1, 2).flatten(2))
 
 
 class DraftLayer(nn.Module):

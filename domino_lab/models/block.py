@@ -309,9 +309,6 @@ class LazyTop:
     def __iter__(self):
         return iter((self[0], self[1]))
 
-    def __len__(self) -> int:
-        return 2
-
 
 class CopyInput(nn.Module):
     """What a slot reads of its copy candidate: the candidate's embedding through a learned map (initialised to the
