@@ -12,7 +12,9 @@ meets them (each part after a target forward), this times:
 - `backbone`: the two draft layers alone (`Backbone.infer`, the past keys and values as plain tensors), in eager
   mode and (unless --no-compile) under torch.compile with static shapes, which fuses the small ops around the
   matmuls (decoding's `backbone_impl=compiled` compiles the pass up to the head, embeddings, copy input, backbone
-  and LM-head slice, with dynamic shapes, whose guards cost a little more; `draft step (compiled backbone)`);
+  and LM-head slice, with dynamic shapes, whose guards cost a little more; `draft step (compiled backbone)`; on a
+  CPU inductor writes that pass's wrapper in C++, and `draft step (compiled, Python wrapper)` is the same pass with
+  its default Python wrapper);
 - `matmuls`: only the backbone's linear layers, with its weights at its shapes, and `lm head`: the FR-Spec slice of
   the LM head over the drafted slots: what remains with no overhead at all.
 
@@ -34,6 +36,7 @@ from domino_lab import Target
 from domino_lab.errors import CliParser, check_out_dir, run_cli
 from domino_lab.experiments.results import write_results
 from domino_lab.experiments.timing import cached_step
+from domino_lab.models import compiled_pass
 from domino_lab.models.drafter import load_drafter
 
 
@@ -91,6 +94,16 @@ def measure(target, d, ctx: int, reps: int, rounds: int, compile_backbone: bool)
         dc = copy.copy(d)           # the same weights, drafting through the compiled backbone as decoding would
         dc.options = replace(d.options, backbone_impl="compiled")
         parts["draft step (compiled backbone)"] = cached_step(dc, ctx, g, copy=True)
+        if compiled_pass.CPP_WRAPPER:
+            # the same pass compiled again with inductor's Python wrapper (compiled_pass.CPP_WRAPPER)
+            dp = copy.copy(d)
+            dp.options = dc.options
+            compiled_pass.CPP_WRAPPER = False
+            compiled_pass.clear()
+            try:
+                parts["draft step (compiled, Python wrapper)"] = cached_step(dp, ctx, g, copy=True)
+            finally:
+                compiled_pass.CPP_WRAPPER = True
         parts["backbone (compiled)"] = backbone(True)
     parts |= {"matmuls": matmul_call(d, ctx, 2, g), "lm head": lm_head_call(d, g)}
     times: dict = {name: [] for name in parts}
@@ -125,6 +138,10 @@ def report(ms: dict, args, meta: dict) -> str:
                   f"{ms['backbone (eager)']:.3f} ms; drafting through it as decoding does (`backbone_impl=compiled`, "
                   f"dynamic shapes) takes {ms['draft step (compiled backbone)']:.3f} ms, "
                   f"{ms['draft step (compiled backbone)'] / plain:.2f} of a plain step."]
+    if "draft step (compiled, Python wrapper)" in ms:
+        py = ms["draft step (compiled, Python wrapper)"]
+        lines += [f"With inductor's Python wrapper instead of the C++ one the compiled step takes {py:.3f} ms: the C++ "
+                  f"wrapper's step is {ms['draft step (compiled backbone)'] / py:.2f} of it."]
     return "\n".join(lines) + "\n"
 
 

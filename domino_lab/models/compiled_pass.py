@@ -18,6 +18,11 @@ import torch
 # (cached positions, new context positions) of the warm-up calls, one per shape class: an empty cache, the general
 # case and a context of one position
 WARM_SHAPES = ((0, 3), (13, 3), (13, 1))
+# On a CPU, inductor writes the code that runs a graph's kernels (allocating its buffers, asserting its inputs'
+# sizes, calling ~60 kernels and 25 matmuls) in C++ instead of Python: 5-14% of a compiled draft step on the
+# embedded target, for a few seconds more at the first compile (docs/design.md#compiled-backbone). GPUs keep the
+# Python wrapper, which this project has not measured against the C++ one there.
+CPP_WRAPPER = True
 
 
 def shape_class(ctx_feats: torch.Tensor, past) -> tuple[int, int]:
@@ -36,7 +41,8 @@ class CompiledPass:
         self.graphs = {}
         # (the drafter's float attributes, its norms' epsilons, as constants: ahead-of-time compiling cannot redo the
         # analysis that torch.compile redoes when it meets them as symbolic floats)
-        with torch._dynamo.config.patch(specialize_float=True):
+        cpp = CPP_WRAPPER and examples[0][2].device.type == "cpu"
+        with torch._dynamo.config.patch(specialize_float=True), torch._inductor.config.patch(cpp_wrapper=cpp):
             for args in examples:
                 graph = torch.compile(fn, dynamic=True, fullgraph=True).aot_compile(((owner, *args), {}))
                 self.graphs[shape_class(args[2], args[4])] = graph
