@@ -20,14 +20,24 @@ largest has a_i >= max_j a_j - 2B. B is taken 1.25 times over, so rounding in it
 Which half precision: a one-row product (a plain step) runs fastest in float16 on this CPU (0.4 ms for the
 embedded head, against 1.3 ms in float32 and 0.8 ms in bfloat16), a product of several rows (a verify) in
 bfloat16 (float16 has no fast multi-row kernel there); float16's finer rounding also gives the tighter bound.
+
+Whether it pays depends on the machine: where the head's float32 weights come from a cache large enough to hold
+them, the full product is quicker than the half-precision one plus the bound (0.33 against 0.60 ms for one row on
+a CPU with 300 MB of L3). `pays` times both on the first rows of each kind of call and keeps the faster
+(docs/design.md#greedy-head-screen).
 """
 from __future__ import annotations
+
+import statistics
+import time
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 SAFETY = 1.25
+TIMING_ROUNDS = 7       # interleaved calls of each read when `pays` times them
+MARGIN = 0.97           # the screen is used where it takes less than this share of the full head's time
 UNIT_ROUNDOFF = {torch.float16: 2.0 ** -11, torch.bfloat16: 2.0 ** -8}
 
 
@@ -52,6 +62,7 @@ class ArgmaxScreen:
     def __init__(self, weight: torch.Tensor):
         self.w = weight.detach()
         self._halves: dict[torch.dtype, _HalfHead] = {}
+        self._pays: dict[int, bool] = {}     # kind of call (see `pays`) -> whether the screen is the faster read
 
     @classmethod
     def for_head(cls, head: nn.Module) -> "ArgmaxScreen | None":
@@ -74,6 +85,27 @@ class ArgmaxScreen:
         if dtype not in self._halves:
             self._halves[dtype] = _HalfHead(self.w, dtype)
         return self._halves[dtype]
+
+    @torch.no_grad()
+    def pays(self, h: torch.Tensor) -> bool:
+        """Whether the screen reads the argmax of rows like h [..., H] faster than the full head on this machine.
+        Timed once per kind of call (one row, the float16 copy; 2-16 rows, a verify; more, a tree or a prefill), on
+        the first rows of that kind: TIMING_ROUNDS calls of each read, interleaved, medians of thread time. Either
+        read gives the same tokens, so a choice that timing noise tips the wrong way costs time only."""
+        h = h.reshape(-1, h.shape[-1])
+        kind = 1 if h.shape[0] == 1 else 2 if h.shape[0] <= 16 else 3
+        if kind not in self._pays:
+            reads = {"full": lambda: F.linear(h, self.w).argmax(-1), "screen": lambda: self.argmax(h)}
+            times: dict[str, list[float]] = {k: [] for k in reads}
+            for f in reads.values():      # warm-up (the screen builds its half-precision copy)
+                f()
+            for _ in range(TIMING_ROUNDS):
+                for k, f in reads.items():
+                    t0 = time.thread_time()
+                    f()
+                    times[k].append(time.thread_time() - t0)
+            self._pays[kind] = statistics.median(times["screen"]) < MARGIN * statistics.median(times["full"])
+        return self._pays[kind]
 
     @staticmethod
     def bound(h: torch.Tensor, hh: torch.Tensor, approx: torch.Tensor, half: _HalfHead) -> torch.Tensor:

@@ -275,7 +275,7 @@ class Target:
     """A frozen causal LM plus its tokenizer. Build with `Target.from_pretrained` or wrap a model directly."""
 
     def __init__(self, model: nn.Module, tokenizer=None, *, mask_token_id: int | None = None,
-                 taps: list[int] | None = None, name: str = "custom", head_screen: bool = True):
+                 taps: list[int] | None = None, name: str = "custom", head_screen: bool | str = "auto"):
         check_transformers()
         self.model = model.eval().requires_grad_(False)
         self.tokenizer = tokenizer
@@ -314,7 +314,11 @@ class Target:
                 raise UserError(f"tap layer {j} is outside the target's {self.num_layers} decoder layers")
         self.eos_token_ids = self._find_eos()
         self.mask_token_id = mask_token_id if mask_token_id is not None else self._find_mask()
-        # greedy tokens from a half-precision read of the LM head, exact (head_screen.py); False = the full head
+        # greedy tokens from a half-precision read of the LM head, exact (head_screen.py): "auto" where it reads them
+        # faster than the full head on this machine (timed at its first use, ArgmaxScreen.pays), True always, False
+        # never
+        if head_screen not in (True, False, "auto"):
+            raise ValueError(f"head_screen must be True, False or 'auto', got {head_screen!r}")
         self._use_screen = head_screen
         self._screen: ArgmaxScreen | None = None
         self.own_cache = own_cache_class(self.decoder)
@@ -324,7 +328,7 @@ class Target:
     def from_pretrained(cls, name_or_path: str, *, dtype: str | torch.dtype | None = None,
                         device: str | torch.device = "cpu", taps: list[int] | None = None,
                         num_taps: int | None = None, trust_remote_code: bool = False,
-                        head_screen: bool = True) -> "Target":
+                        head_screen: bool | str = "auto") -> "Target":
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         dtype = parse_dtype(dtype) or torch.float32
@@ -498,10 +502,11 @@ class Target:
     @torch.no_grad()
     def greedy_tokens(self, hidden: torch.Tensor) -> torch.Tensor:
         """The argmax token of the LM head's logits for final-normed states [..., H] -> [...]: through the
-        half-precision screen where the head allows it (exactly the float32 argmax, head_screen.py), else the full
-        head. Models that rescale or soft-cap logits after the head (a monotone map) have the same argmax."""
+        half-precision screen where the head allows it and (`head_screen="auto"`) it is the faster read here (exactly
+        the float32 argmax, head_screen.py), else the full head. Models that rescale or soft-cap logits after the
+        head (a monotone map) have the same argmax."""
         screen = self.screen
-        if screen is not None:
+        if screen is not None and (self._use_screen is True or screen.pays(hidden)):
             return screen.argmax(hidden)
         return self.logits_at(hidden).argmax(-1)
 

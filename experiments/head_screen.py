@@ -74,7 +74,8 @@ def decode(args, prompts: list[list[int]]) -> dict:
     from domino_lab import Target, speculative_generate
     from domino_lab.models import load_drafter
 
-    targets = {"screen": Target.from_pretrained("default"), "full": Target.from_pretrained("default", head_screen=False)}
+    targets = {"screen": Target.from_pretrained("default", head_screen=True),
+               "full": Target.from_pretrained("default", head_screen=False)}
     spec = "untrained:domino" if args.quick else "default"
     drafters = {k: load_drafter(spec, t) for k, t in targets.items()}
     runs = [(f"{name}/{head}", targets[head], drafters[head] if d else None, nodes)

@@ -13,7 +13,7 @@ from domino_lab.models import load_drafter
 
 @pytest.fixture(scope="module")
 def targets():
-    return Target.from_pretrained("default"), Target.from_pretrained("default", head_screen=False)
+    return Target.from_pretrained("default", head_screen=True), Target.from_pretrained("default", head_screen=False)
 
 
 @pytest.fixture(scope="module")
@@ -99,6 +99,39 @@ def test_greedy_decoding_with_the_screen_equals_the_full_head(targets):
                                     tree_nodes=16).token_ids == ref
         refs.append(ref)
     assert batched_generate(screened, drafter, prompts, 48).token_ids == refs
+
+
+def test_auto_screen_is_used_where_timing_says_it_is_the_faster_read(monkeypatch):
+    """head_screen="auto" (the default) times the screen against the full head once per kind of call (one row,
+    2-16 rows, more) and reads greedy tokens through the faster; either way they are the full head's argmax."""
+    import time as clock
+
+    from domino_lab import head_screen
+
+    t = Target.from_pretrained("default")
+    full = Target.from_pretrained("default", head_screen=False)
+    h = torch.randn(9, t.hidden_size, generator=torch.Generator().manual_seed(0)) * 3
+    want = full.greedy_tokens(h)
+    screen, real = t.screen, head_screen.ArgmaxScreen.argmax
+
+    def slow(self, x):                      # a screen far slower than any full read
+        t0 = clock.thread_time()
+        while clock.thread_time() - t0 < 0.02:
+            pass
+        return real(self, x)
+    monkeypatch.setattr(head_screen.ArgmaxScreen, "argmax", slow)
+    assert torch.equal(t.greedy_tokens(h), want) and screen._pays == {2: False}
+    assert torch.equal(t.greedy_tokens(h[:1]), want[:1]) and screen._pays == {2: False, 1: False}
+    # a screen that costs nothing: used for the kind of call not timed yet, and the decisions taken stand
+    answers = {len(x): real(screen, x) for x in (h[:1], h, h.repeat(3, 1))}
+    monkeypatch.setattr(head_screen.ArgmaxScreen, "argmax",
+                        lambda self, x: answers[x.reshape(-1, x.shape[-1]).shape[0]])
+    assert torch.equal(t.greedy_tokens(h.repeat(3, 1)), want.repeat(3)) and screen._pays[3] is True
+    assert screen.pays(h) is False and screen.pays(h[:1]) is False
+    forced = Target.from_pretrained("default", head_screen=True)      # True: always the screen, never timed
+    assert torch.equal(forced.greedy_tokens(h), want) and forced.screen._pays == {}
+    with pytest.raises(ValueError, match="head_screen"):
+        Target.from_pretrained("default", head_screen="yes")
 
 
 def test_head_screen_experiment_quick(tmp_path):
