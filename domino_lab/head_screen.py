@@ -17,9 +17,10 @@ and the float32 logit that the full head computes is itself within γ ||h|| ||w_
 of each row norm over the vocabulary gives one bound B per hidden row; every token whose float32 logit could be the
 largest has a_i >= max_j a_j - 2B. B is taken 1.25 times over, so rounding in its own arithmetic cannot matter.
 
-Which half precision: a one-row product (a plain step) runs fastest in float16 on this CPU (0.4 ms for the
-embedded head, against 1.3 ms in float32 and 0.8 ms in bfloat16), a product of several rows (a verify) in
-bfloat16 (float16 has no fast multi-row kernel there); float16's finer rounding also gives the tighter bound.
+Which half precision: a one-row product (a plain step) runs fastest in float16 on the CPU the screen was built on,
+whose 32 MB L3 did not hold the head (0.4 ms for the embedded head, against 1.3 ms in float32 and 0.8 ms in
+bfloat16), a product of several rows (a verify) in bfloat16 (float16 has no fast multi-row kernel there);
+float16's finer rounding also gives the tighter bound.
 
 Whether it pays depends on the machine: where the head's float32 weights come from a cache large enough to hold
 them, the full product is quicker than the half-precision one plus the bound (0.33 against 0.60 ms for one row on
@@ -91,7 +92,7 @@ class ArgmaxScreen:
         """Whether the screen reads the argmax of rows like h [..., H] faster than the full head on this machine.
         Timed once per kind of call (one row, the float16 copy; 2-16 rows, a verify; more, a tree or a prefill), on
         the first rows of that kind: TIMING_ROUNDS calls of each read, interleaved, medians of thread time. Either
-        read gives the same tokens, so a choice that timing noise tips the wrong way costs time only."""
+        read gives the float32 head's argmax, so a choice that timing noise tips the wrong way costs time only."""
         h = h.reshape(-1, h.shape[-1])
         kind = 1 if h.shape[0] == 1 else 2 if h.shape[0] <= 16 else 3
         if kind not in self._pays:
