@@ -16,7 +16,9 @@ meets them (each part after a target forward), this times:
   CPU inductor writes that pass's wrapper in C++, and `draft step (compiled, Python wrapper)` is the same pass with
   its default Python wrapper);
 - `matmuls`: only the backbone's linear layers, with its weights at its shapes, and `lm head`: the FR-Spec slice of
-  the LM head over the drafted slots: what remains with no overhead at all.
+  the LM head over the drafted slots: what remains with no overhead at all;
+- `copy input host work`: what a decoding step does on the host for a drafter with a copy input before it drafts
+  (the copy index catching up with the committed tokens, the candidates as tensors), which `draft step` leaves out.
 
 Medians of thread CPU time over interleaved rounds (one torch thread, as decoding runs this target).
 """
@@ -38,6 +40,9 @@ from domino_lab.experiments.results import write_results
 from domino_lab.experiments.timing import cached_step
 from domino_lab.models import compiled_pass
 from domino_lab.models.drafter import load_drafter
+
+
+COPY_NEW = 7     # committed tokens a decoding step's copy index catches up with: about a math step's
 
 
 def backbone_call(d, ctx: int, new: int, g: torch.Generator):
@@ -67,6 +72,23 @@ def matmul_call(d, ctx: int, new: int, g: torch.Generator):
     lins = [m for m in bb.modules() if isinstance(m, torch.nn.Linear)]
     xs = [torch.randn(rows.get(id(m), cfg.block_size), m.in_features, generator=g) for m in lins]
     return lambda: [F.linear(x, m.weight) for x, m in zip(xs, lins)]
+
+
+def copy_host_call(d, ctx: int, new: int, g: torch.Generator, calls: int):
+    """The copy input's host work in one decoding step, which `draft step` leaves out (it computes its candidates
+    once): the copy index catching up with `new` committed tokens, then the block's candidates as tensors. Each call
+    takes its own copy of an index over `ctx` tokens, made ahead of the timing."""
+    from domino_lab.decoding.lookup import copy_index, copy_inputs
+
+    ids = torch.randint(0, d.config.vocab_size, (ctx + new,), generator=g).tolist()
+    base = copy_index(d.config.copy_ngram, ids[:ctx])
+    fresh = [copy.deepcopy(base) for _ in range(calls)]
+
+    def step():
+        ix = fresh.pop()
+        ix.catch_up(ids[:ctx], ids[ctx:])
+        copy_inputs([ix], d.config.num_drafts)
+    return step
 
 
 def lm_head_call(d, g: torch.Generator):
@@ -106,6 +128,8 @@ def measure(target, d, ctx: int, reps: int, rounds: int, compile_backbone: bool)
                 compiled_pass.CPP_WRAPPER = True
         parts["backbone (compiled)"] = backbone(True)
     parts |= {"matmuls": matmul_call(d, ctx, 2, g), "lm head": lm_head_call(d, g)}
+    if d.config.copy_ngram:
+        parts[f"copy input host work ({COPY_NEW} new tokens)"] = copy_host_call(d, ctx, COPY_NEW, g, rounds * reps + 1)
     times: dict = {name: [] for name in parts}
     with torch.no_grad():
         for f in parts.values():          # warm-up; compiles the compiled backbone
@@ -138,6 +162,11 @@ def report(ms: dict, args, meta: dict) -> str:
                   f"{ms['backbone (eager)']:.3f} ms; drafting through it as decoding does (`backbone_impl=compiled`, "
                   f"dynamic shapes) takes {ms['draft step (compiled backbone)']:.3f} ms, "
                   f"{ms['draft step (compiled backbone)'] / plain:.2f} of a plain step."]
+    host = next((k for k in ms if k.startswith("copy input host work")), None)
+    if host:
+        lines += [f"In decoding, each draft step also pays the copy input's host work, which `draft step` leaves out "
+                  f"(the index catching up with {COPY_NEW} committed tokens, the candidates' tensors): "
+                  f"{ms[host]:.3f} ms, {ms[host] / plain:.2f} of a plain step."]
     if "draft step (compiled, Python wrapper)" in ms:
         py = ms["draft step (compiled, Python wrapper)"]
         lines += [f"With inductor's Python wrapper instead of the C++ one the compiled step takes {py:.3f} ms: the C++ "
