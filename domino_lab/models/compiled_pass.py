@@ -19,7 +19,7 @@ import torch
 # case and a context of one position
 WARM_SHAPES = ((0, 3), (13, 3), (13, 1))
 # On a CPU, inductor writes the code that runs a graph's kernels (allocating its buffers, asserting its inputs'
-# sizes, calling ~60 kernels and 25 matmuls) in C++ instead of Python: 2-9% of a compiled draft step on the
+# sizes, calling ~60 kernels and 25 matmuls) in C++ instead of Python: 1-9% of a compiled draft step on the
 # embedded target, for a few seconds more at the first compile (docs/design.md#compiled-backbone). GPUs keep the
 # Python wrapper, which this project has not measured against the C++ one there.
 CPP_WRAPPER = True
