@@ -224,7 +224,8 @@ class BlockDrafter(Drafter):
             raise ValueError("tree drafting takes one sequence at a time")
         n = min(n, cfg.num_drafts)
         h, base, vm, bt = self._draft_slots(ctx_feats, ctx_start, anchor, start, cache, None, copy, noise, n, n, topk)
-        base_top = (bt[0][0], bt[1][0])              # what the records show as the base logits
+        # what the records show as the base logits: ranked only if a record reads them
+        base_top = LazyTop(bt.logits[0], bt.k, bt.vocab_ids)
         if not self.uses_head:
             return SlotMarginals(base[0], vm, base_top)
         embed = self.target.embed_tokens.weight
