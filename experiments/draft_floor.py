@@ -9,8 +9,8 @@ meets them (each part after a target forward), this times:
 
 - `plain step`: the target's one-token forward on a 128-token cache; `draft step`: the drafter's whole draft call
   (experiments.timing.cached_step: backbone, copy input, LM-head slice, head);
-- `backbone`: the two draft layers alone (`Backbone.infer`, the past keys and values as plain tensors), in eager
-  mode and (unless --no-compile) under torch.compile with static shapes, which fuses the small ops around the
+- `backbone`: the two draft layers alone (`Backbone.infer`, the cache's key and value buffers as plain tensors), in
+  eager mode and (unless --no-compile) under torch.compile with static shapes, which fuses the small ops around the
   matmuls (decoding's `backbone_impl=compiled` compiles the pass up to the head, embeddings, copy input, backbone
   and LM-head slice, with dynamic shapes, whose guards cost a little more; `draft step (compiled backbone)`; on a
   CPU inductor writes that pass's wrapper in C++, and `draft step (compiled, Python wrapper)` is the same pass with
@@ -53,12 +53,13 @@ def backbone_call(d, ctx: int, new: int, g: torch.Generator):
     emb = torch.randn(1, q, cfg.hidden_size, generator=g)
     feats = torch.randn(1, new, len(cfg.target_layer_ids) * cfg.hidden_size, generator=g)
     pos = torch.arange(ctx - new, ctx + q)[None]
-    past = [(torch.randn(1, cfg.num_key_value_heads, ctx - new, cfg.head_dim, generator=g),
-             torch.randn(1, cfg.num_key_value_heads, ctx - new, cfg.head_dim, generator=g)) for _ in d.backbone.layers]
+    # (each call writes the same `new` positions after the cached ones)
+    kv = [(torch.randn(1, cfg.num_key_value_heads, ctx, cfg.head_dim, generator=g),
+           torch.randn(1, cfg.num_key_value_heads, ctx, cfg.head_dim, generator=g)) for _ in d.backbone.layers]
 
     def make(compiled: bool):
         f = torch.compile(d.backbone.infer, dynamic=False) if compiled else d.backbone.infer
-        return lambda: f(emb, feats, pos, past)
+        return lambda: f(emb, feats, pos, kv, ctx - new)
     return make
 
 

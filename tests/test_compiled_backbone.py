@@ -20,12 +20,15 @@ def target():
 
 @pytest.mark.parametrize("spec", ["default", "default-dflash"])
 def test_infer_equals_the_cached_forward(target, spec):
-    """Three rounds of new context and a block: the written-out pass with the cache's tensors gives the eager
-    backbone's states, and the keys and values it returns are exactly what the eager pass leaves in the cache."""
+    """Three rounds of new context and a block: the written-out pass over the cache's buffers gives the eager
+    backbone's states, the keys and values it writes into the buffers are exactly what the eager pass leaves in the
+    cache, and it writes nothing past them."""
     d = load_drafter(spec, target)
     cfg, bb = d.config, d.backbone
     g = torch.Generator().manual_seed(0)
-    eager, mine = new_cache(), []
+    eager = new_cache()
+    bufs = [tuple(torch.full((1, cfg.num_key_value_heads, 16, cfg.head_dim), 7.0) for _ in range(2))
+            for _ in bb.layers]
     start = 0
     with torch.no_grad():
         for new in (5, 1, 3):
@@ -35,16 +38,13 @@ def test_infer_equals_the_cached_forward(target, spec):
             blk_pos = torch.arange(start + new, start + new + cfg.block_size)[None]
             want = bb(emb, blk_pos, feats, ctx_pos, cache=eager)
             eager.crop(-cfg.block_size)
-            empty = torch.zeros(1, cfg.num_key_value_heads, 0, cfg.head_dim)
-            past = [(torch.cat([k for k, _ in layer] or [empty], 2), torch.cat([v for _, v in layer] or [empty], 2))
-                    for layer in (mine or [[] for _ in bb.layers])]
-            got, kv = bb.infer(emb, feats, torch.cat([ctx_pos, blk_pos], 1), past)
-            mine = [layer + [pair] for layer, pair in zip(mine or [[] for _ in bb.layers], kv)]
+            got = bb.infer(emb, feats, torch.cat([ctx_pos, blk_pos], 1), bufs, start)
             assert torch.allclose(got, want, atol=1e-5)
-            for i, layer in enumerate(mine):
-                assert torch.allclose(torch.cat([k for k, _ in layer], 2), eager.layers[i].keys, atol=1e-5)
-                assert torch.allclose(torch.cat([v for _, v in layer], 2), eager.layers[i].values, atol=1e-5)
             start += new
+            for i, (k, v) in enumerate(bufs):
+                assert torch.allclose(k[:, :, :start], eager.layers[i].keys, atol=1e-5)
+                assert torch.allclose(v[:, :, :start], eager.layers[i].values, atol=1e-5)
+                assert (k[:, :, start:] == 7).all() and (v[:, :, start:] == 7).all()
 
 
 @pytest.mark.parametrize("spec", ["default", "default-dflash"])
@@ -106,6 +106,32 @@ def test_calls_the_graphs_do_not_cover_go_through_torch_compile(target):
             drafts.append(d.draft(feats[:, 4:], 4, torch.tensor([7], dtype=torch.int32), 6, cache).tokens)
     assert torch.equal(*drafts)
     assert False in passes.checked.values() and True in passes.checked.values()     # int32 failed its check
+
+
+def test_the_compiled_pass_fills_growing_and_other_cache_layers(target):
+    """The compiled pass writes the new context's keys and values into a growing layer's buffers itself (growing
+    them when full) and hands them to any other layer (Hugging Face's concatenating one) after the call: either way
+    the cache ends up holding what the eager drafter's holds, and the drafts are the eager drafter's."""
+    from transformers import DynamicCache
+
+    eager = load_drafter("default", target)
+    compiled = load_drafter("default", target, options=InferenceOptions(backbone_impl="compiled"))
+    cfg, g = compiled.config, torch.Generator().manual_seed(1)
+    feats = torch.randn(1, 90, len(cfg.target_layer_ids) * cfg.hidden_size, generator=g)
+    # (an 80-position start outgrows a growing layer's first buffer, so a later step reallocates it)
+    steps = [(0, 80), (80, 83), (83, 84), (84, 90)]
+    with torch.no_grad():
+        want_cache = new_cache()
+        want = [eager.draft(feats[:, a:b], a, torch.tensor([b % 50 + 3]), b, want_cache).tokens for a, b in steps]
+        for make in (new_cache, lambda: new_cache(capacity=81), DynamicCache):
+            cache = make()
+            got = [compiled.draft(feats[:, a:b], a, torch.tensor([b % 50 + 3]), b, cache).tokens for a, b in steps]
+            assert all(torch.equal(x, y) for x, y in zip(got, want))
+            assert len(cache.layers) == cfg.num_layers
+            for mine, theirs in zip(cache.layers, want_cache.layers):
+                assert mine.keys.shape == theirs.keys.shape == (1, cfg.num_key_value_heads, 90, cfg.head_dim)
+                assert torch.allclose(mine.keys, theirs.keys, atol=1e-5)
+                assert torch.allclose(mine.values, theirs.values, atol=1e-5)
 
 
 def test_backbone_impl_is_checked():

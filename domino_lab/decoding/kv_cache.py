@@ -87,17 +87,31 @@ class GrowingLayer(DynamicLayer):
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
                ) -> tuple[torch.Tensor, torch.Tensor]:
-        if not self.is_initialized:
-            self.lazy_initialization(key_states, value_states)
         new = key_states.shape[-2]
+        k, v, n = self.reserve(key_states, value_states, new)
+        k.narrow(-2, n, new).copy_(key_states)
+        v.narrow(-2, n, new).copy_(value_states)
+        return self.extend(new)
+
+    def reserve(self, key_like: torch.Tensor, value_like: torch.Tensor, new: int
+                ) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """The key and value buffers with room for `new` positions after the `n` filled ones, and n. A caller that
+        writes the new positions into `buffer[..., n:n + new, :]` itself (the compiled drafting pass does, inside its
+        graph) then calls `extend(new)`. `key_like` / `value_like` give an empty layer its layout and dtype."""
+        if not self.is_initialized:
+            self.lazy_initialization(key_like, value_like)
         if not self._in_place(new):
             empty = self.keys.numel() == 0
-            self._reallocate(key_states.narrow(-2, 0, 0) if empty else self.keys,
-                             value_states.narrow(-2, 0, 0) if empty else self.values, new)
-        n = self.keys.shape[-2] if self.keys.numel() else 0
-        self._k.narrow(-2, n, new).copy_(key_states)
-        self._v.narrow(-2, n, new).copy_(value_states)
-        self.keys, self.values = self._views = (self._k.narrow(-2, 0, n + new), self._v.narrow(-2, 0, n + new))
+            self._reallocate(key_like.narrow(-2, 0, 0) if empty else self.keys,
+                             value_like.narrow(-2, 0, 0) if empty else self.values, new)
+            n = 0 if empty else self.keys.shape[-2]
+            self.keys, self.values = self._views = (self._k.narrow(-2, 0, n), self._v.narrow(-2, 0, n))
+        return self._k, self._v, self.keys.shape[-2]
+
+    def extend(self, new: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Count `new` more positions of the buffers as filled (after `reserve` and the caller's write)."""
+        n = self.keys.shape[-2] + new
+        self.keys, self.values = self._views = (self._k.narrow(-2, 0, n), self._v.narrow(-2, 0, n))
         return self._views
 
     def reset(self) -> None:

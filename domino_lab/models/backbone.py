@@ -136,27 +136,31 @@ class Backbone(nn.Module):
         return self.norm(x)
 
     def infer(self, block_emb: torch.Tensor, ctx_feats: torch.Tensor, pos: torch.Tensor,
-              past: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, list]:
-        """`forward` at inference with the draft cache's keys and values as plain tensors, so that torch.compile can
-        take the whole pass as one graph (a cache object's update is Python it cannot trace): the block `block_emb`
-        [b, B, H] after C new context positions `ctx_feats` [b, C, k*H], positions `pos` [b, C + B] (context, then
-        block), `past` the cached (keys, values) of every layer. Returns the block's normed states and each layer's
-        keys and values of the new context, which the caller appends to the cache."""
+              kv: list[tuple[torch.Tensor, torch.Tensor]], n: int) -> torch.Tensor:
+        """`forward` at inference with the draft cache's key and value buffers as plain tensors, so that torch.compile
+        can take the whole pass as one graph (a cache object's update is Python it cannot trace): the block
+        `block_emb` [b, B, H] after C new context positions `ctx_feats` [b, C, k*H], positions `pos` [b, C + B]
+        (context, then block), `kv` every layer's (keys, values) buffers [b, kv heads, T, d] with their first n
+        positions cached and room for C more. Each layer writes its new context's keys and values into positions
+        n..n+C-1 of its buffers, then attends over the buffers' first n + C positions and the block's own keys and
+        values. In this order a compiled graph writes only the new positions; with the write after the attention
+        inductor rewrote the whole buffer every step (docs/design.md#compiled-backbone). Returns the block's normed
+        states."""
         c, q = ctx_feats.shape[1], block_emb.shape[1]
         ctx = self.hidden_norm(self.fc(ctx_feats))
         if self.anchor_proj is not None:
             block_emb = block_emb + self.anchor_proj(self.anchor_context(ctx, pos[:, :c], pos[:, c:]))
         kv_rope = self.rotary_emb(block_emb, pos)
         blk_rope = tuple(t[:, -q:] for t in kv_rope)
-        x, new = block_emb, []
-        for layer, (pk, pv) in zip(self.layers, past):
+        x = block_emb
+        for layer, (kb, vb) in zip(self.layers, kv):
             a, h = layer.self_attn, layer.input_layernorm(x)
             k, v = a.kv(torch.cat([ctx, h], dim=1), *kv_rope)
-            # (contiguous: the cache then holds tensors of one layout, and a compiled caller one graph for them)
-            new.append((k[:, :, :c].contiguous(), v[:, :, :c].contiguous()))
-            x = x + a.attend_cached(h, pk, pv, k, v, blk_rope)
+            kb[:, :, n:n + c] = k[:, :, :c]
+            vb[:, :, n:n + c] = v[:, :, :c]
+            x = x + a.attend_cached(h, kb[:, :, :n + c], vb[:, :, :n + c], k[:, :, c:], v[:, :, c:], blk_rope)
             x = x + layer.mlp(layer.post_attention_layernorm(x))
-        return self.norm(x), new
+        return self.norm(x)
 
     def anchor_context(self, ctx: torch.Tensor | None, ctx_pos: torch.Tensor | None,
                        block_pos: torch.Tensor) -> torch.Tensor:

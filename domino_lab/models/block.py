@@ -113,11 +113,12 @@ class BlockDrafter(Drafter):
         ids[:, 0] = anchor
         return ids
 
-    def _states_pass(self, anchor, copy, ctx_feats, pos, past):
-        """One pass with the draft cache's keys and values as plain tensors, so that torch.compile takes it as one
-        graph: the block's embeddings (with its copy input) and the backbone (`Backbone.infer`). Returns the
-        block's states and the new context's keys and values per layer."""
-        return self.backbone.infer(self._block_embeddings(self._block_ids(anchor), copy), ctx_feats, pos, past)
+    def _states_pass(self, anchor, copy, ctx_feats, pos, kv, n):
+        """One pass with the draft cache's key and value buffers as plain tensors, so that torch.compile takes it as
+        one graph: the block's embeddings (with its copy input) and the backbone (`Backbone.infer`), which
+        writes the new context's keys and values into every layer's buffers `kv` after their first n positions.
+        Returns the block's states."""
+        return self.backbone.infer(self._block_embeddings(self._block_ids(anchor), copy), ctx_feats, pos, kv, n)
 
     def _slot_logits(self, hs, weight, bias):
         """The draft slots' states of the block's states hs and their logits over the LM-head rows (weight, bias)."""
@@ -125,22 +126,32 @@ class BlockDrafter(Drafter):
         h = hs[:, cfg.first_draft_slot: cfg.first_draft_slot + cfg.num_drafts]
         return h, F.linear(h, weight, bias)
 
-    def _draft_pass(self, anchor, copy, ctx_feats, pos, past, weight, bias):
-        """`_states_pass` on through the draft LM head: (`_slot_logits`, the new keys and values)."""
-        hs, new = self._states_pass(anchor, copy, ctx_feats, pos, past)
-        return self._slot_logits(hs, weight, bias), new
+    def _draft_pass(self, anchor, copy, ctx_feats, pos, kv, n, weight, bias):
+        """`_states_pass` on through the draft LM head (`_slot_logits`)."""
+        return self._slot_logits(self._states_pass(anchor, copy, ctx_feats, pos, kv, n), weight, bias)
 
     def _compiled_pass(self, anchor, copy, ctx_feats, pos, cache, rows):
         """`_states_pass` (rows None) or `_draft_pass` (rows = (weight, bias) of the draft LM head), compiled
-        (options.backbone_impl): the cache's keys and values go in as tensors and only the new context's come back
-        into it, so there is no block part to crop. Graphs with dynamic lengths serve every step (the context
-        grows; a step adds 1 to block-size positions): `_compiled_fn`."""
+        (options.backbone_impl): the cache's buffers go in as tensors with room for the new context, which the pass
+        writes into them, so there is no block part to crop. Graphs with dynamic lengths serve every step (the
+        context grows; a step adds 1 to block-size positions): `_compiled_fn`."""
         cfg = self.config
-        layers = cache.layers
-        # (an empty layer gets tensors of its own: inputs that alias each other compile a graph of their own)
-        past = [(layers[i].keys, layers[i].values) if i < len(layers) and layers[i].is_initialized else
-                tuple(ctx_feats.new_zeros(1, cfg.num_key_value_heads, 0, cfg.head_dim) for _ in range(2))
-                for i in range(cfg.num_layers)]
+        c = ctx_feats.shape[1]
+        like = ctx_feats.new_zeros(1, cfg.num_key_value_heads, 0, cfg.head_dim)
+        kv, n, handed = [], 0, []
+        for i in range(cfg.num_layers):
+            if i == len(cache.layers) and cache.layer_class_to_replicate is not None:
+                cache.layers.append(cache.layer_class_to_replicate())
+            layer = cache.layers[i] if i < len(cache.layers) else None
+            if hasattr(layer, "reserve"):              # a growing layer: its own buffers
+                k, v, n = layer.reserve(like, like, c)
+            else:   # any other layer: its keys and values with room after them, handed to the cache after the pass
+                old = ((layer.keys, layer.values) if layer is not None and layer.is_initialized and layer.keys.numel()
+                       else (like, like))
+                n = old[0].shape[2]
+                k, v = (torch.cat([t, like.new_zeros(1, cfg.num_key_value_heads, c, cfg.head_dim)], 2) for t in old)
+                handed.append(i)
+            kv.append((k, v))
         if self.copy_input is not None and copy is None:      # no candidate: the same graph, adding nothing
             copy = (torch.full((1, cfg.num_drafts), -1, device=anchor.device),
                     torch.zeros(1, dtype=torch.long, device=anchor.device), ctx_feats.new_zeros(1, 2))
@@ -148,30 +159,32 @@ class BlockDrafter(Drafter):
         # a plain clone would keep the view's stride for the batch dimension, which the graphs' guards also test
         ctx_feats = ctx_feats.clone(memory_format=torch.contiguous_format)
         fn, args = (self._states_pass, ()) if rows is None else (self._draft_pass, rows)
-        c, inputs = self._compiled_fn(fn, anchor, copy, ctx_feats, args), (anchor, copy, ctx_feats, pos, past, *args)
-        out, new = c(self, *inputs) if c is not None else fn(*inputs)
-        for i, (k, v) in enumerate(new):
-            cache.update(k, v, i)
+        f, inputs = self._compiled_fn(fn, anchor, copy, ctx_feats, args), (anchor, copy, ctx_feats, pos, kv, n, *args)
+        out = f(self, *inputs) if f is not None else fn(*inputs)
+        for i, (k, v) in enumerate(kv):
+            if i in handed:
+                cache.update(k[:, :, n:], v[:, :, n:], i)
+            else:
+                cache.layers[i].extend(c)
         return out
 
     def _compiled_fn(self, fn, anchor, copy, ctx_feats, args):
         """`fn` (`_states_pass` or `_draft_pass`) compiled at its first use for every shape class a decode meets
         (compiled_pass.py: called without per-call guard checks, shared by the drafters of one structure), so that
-        no later step stalls to compile. The example calls hold the cached keys and values as a decode's cache does
-        (views of a larger buffer), at lengths that match no other dimension (torch would equate them). Without a C++
-        compiler (or any other compiler failure) the pass runs uncompiled, after one warning."""
+        no later step stalls to compile. The example calls hold the cache's buffers at a length that matches no
+        other dimension (torch would equate them). Without a C++ compiler (or any other compiler failure) the pass
+        runs uncompiled, after one warning."""
         compiled = getattr(self, "_compiled", None)
         if compiled is None:
             compiled = self._compiled = {}
         if fn.__name__ not in compiled:
             cfg = self.config
 
-            def kv(n_past):
-                buf = ctx_feats.new_zeros(1, cfg.num_key_value_heads, 29, cfg.head_dim)
-                return buf.narrow(2, 0, n_past) if n_past else buf[:, :, :0].clone()
+            def kv():
+                return ctx_feats.new_zeros(1, cfg.num_key_value_heads, 29, cfg.head_dim)
             examples = [(anchor, copy, ctx_feats.new_zeros(1, n_ctx, ctx_feats.shape[-1]),
                          torch.arange(n_past, n_past + n_ctx + cfg.block_size, device=anchor.device)[None].clone(),
-                         [(kv(n_past), kv(n_past)) for _ in range(cfg.num_layers)], *args)
+                         [(kv(), kv()) for _ in range(cfg.num_layers)], n_past, *args)
                         for n_past, n_ctx in compiled_pass.WARM_SHAPES]
             try:
                 # (one structure: the config, and the dtype and device the weights are in)

@@ -6,10 +6,12 @@ relations between symbolic lengths) on every call: about a tenth of a compiled d
 target (docs/design.md#compiled-backbone). Here each shape class of a decode's calls gets one graph, compiled ahead
 of the first draft (`aot_compile`); a call signature's guards are checked once, at its first call, and after that
 the graph runs without them. What a guard could reject that the signature does not pin is the lengths, and those
-the shape class pins: torch specialises sizes 0 and 1, so an empty cache and a context of one position take graphs
-of their own, and every other length is symbolic in the general graph. Inductor's own size and stride asserts stay
-in the compiled code, so an input laid out otherwise fails loudly rather than being read wrong. A call in a class
-without a graph, or one whose first guard check fails, goes through ordinary torch.compile (guards every call).
+the shape class pins: torch specialises sizes (and ints) 0 and 1, so an empty cache and a context of one position
+take graphs of their own, and every other length is symbolic in the general graph; the cache's buffers have room
+for the new positions by construction (the drafter reserves it before the call). Inductor's own size and stride
+asserts stay in the compiled code, so an input laid out otherwise fails loudly rather than being read wrong. A call
+in a class without a graph, or one whose first guard check fails, goes through ordinary torch.compile (guards every
+call).
 """
 from __future__ import annotations
 
@@ -25,16 +27,16 @@ WARM_SHAPES = ((0, 3), (13, 3), (13, 1))
 CPP_WRAPPER = True
 
 
-def shape_class(ctx_feats: torch.Tensor, past) -> tuple[int, int]:
+def shape_class(ctx_feats: torch.Tensor, n_past: int) -> tuple[int, int]:
     """(cached positions, new context positions), each as 0, 1 or 2 = "two or more"."""
-    return min(past[0][0].shape[2], 2), min(ctx_feats.shape[1], 2)
+    return min(n_past, 2), min(ctx_feats.shape[1], 2)
 
 
 class CompiledPass:
-    """`fn` (a drafter method, unbound, taking (self, anchor, copy, ctx_feats, pos, past, *rows)) compiled for the shape
-    classes of `examples` (argument tuples after `self`, one per class) before any call; `__call__(owner, *args)`
-    as `fn(owner, *args)`. The graphs read the drafter's weights from `owner`, so every drafter of one structure can
-    share them (`shared`)."""
+    """`fn` (a drafter method, unbound, taking (self, anchor, copy, ctx_feats, pos, kv, n_past, *rows)) compiled for
+    the shape classes of `examples` (argument tuples after `self`, one per class) before any call;
+    `__call__(owner, *args)` as `fn(owner, *args)`. The graphs read the drafter's weights from `owner`, so every
+    drafter of one structure can share them (`shared`)."""
 
     def __init__(self, fn, owner, examples):
         self.fn = fn
@@ -45,20 +47,21 @@ class CompiledPass:
         with torch._dynamo.config.patch(specialize_float=True), torch._inductor.config.patch(cpp_wrapper=cpp):
             for args in examples:
                 graph = torch.compile(fn, dynamic=True, fullgraph=True).aot_compile(((owner, *args), {}))
-                self.graphs[shape_class(args[2], args[4])] = graph
+                self.graphs[shape_class(args[2], args[5])] = graph
         self.checked: dict[tuple, bool] = {}   # call signature -> whether its graph's guards held at its first call
         self._dynamo = None
 
     @staticmethod
     def _signature(owner, args, cls) -> tuple:
         """What a call's guards test that its shape class does not: the drafter, grad mode, the inputs' kinds,
-        dtypes, ranks and devices, and the value an int argument would carry."""
+        dtypes, ranks and devices. (The one int argument, the cached length, is symbolic in its graph from 2 on:
+        its class pins it.)"""
         return id(owner), cls, torch.is_grad_enabled(), tuple(
-            (a.dtype, a.dim(), a.device) if isinstance(a, torch.Tensor) else a if isinstance(a, int) else type(a)
-            for a in args if not isinstance(a, (list, tuple))), tuple(type(a) for a in args[1] or ())
+            (a.dtype, a.dim(), a.device) if isinstance(a, torch.Tensor) else min(a, 2) if isinstance(a, int)
+            else type(a) for a in args if not isinstance(a, (list, tuple))), tuple(type(a) for a in args[1] or ())
 
     def __call__(self, owner, *args):
-        cls = shape_class(args[2], args[4])
+        cls = shape_class(args[2], args[5])
         graph = self.graphs.get(cls)
         if graph is not None:
             sig = self._signature(owner, args, cls)
