@@ -118,7 +118,7 @@ def test_the_compiled_pass_fills_growing_and_other_cache_layers(target):
     compiled = load_drafter("default", target, options=InferenceOptions(backbone_impl="compiled"))
     cfg, g = compiled.config, torch.Generator().manual_seed(1)
     feats = torch.randn(1, 90, len(cfg.target_layer_ids) * cfg.hidden_size, generator=g)
-    # (an 80-position start outgrows a growing layer's first buffer, so a later step reallocates it)
+    # (with a capacity of 81 the first step fills the buffer and the next one reallocates it)
     steps = [(0, 80), (80, 83), (83, 84), (84, 90)]
     with torch.no_grad():
         want_cache = new_cache()
