@@ -46,8 +46,9 @@ COPY_NEW = 7     # committed tokens a decoding step's copy index catches up with
 
 
 def backbone_call(d, ctx: int, new: int, g: torch.Generator):
-    """`Backbone.infer` (the backbone's pass with the draft cache's keys and values as tensors) over `new` context
-    positions and the block, `ctx - new` positions cached: returns make(compiled: bool) -> a no-argument callable."""
+    """`Backbone.infer` (the backbone's pass with the draft cache's key and value buffers as tensors) over `new`
+    context positions and the block, `ctx - new` positions cached: returns make(compiled: bool) -> a no-argument
+    callable."""
     cfg = d.config
     q = cfg.block_size
     emb = torch.randn(1, q, cfg.hidden_size, generator=g)
