@@ -85,16 +85,32 @@ def openmp_waits() -> str:
     return f"OMP_WAIT_POLICY={policy}" if policy else "libgomp default"
 
 
+def cpu_model() -> str:
+    """The processor's model name ("AMD EPYC", "Intel(R) Xeon(R) Platinum ..."), or the architecture where the OS
+    does not say. Timings need it: the same 2-core VM kind has come up with processors of both vendors, and the small
+    single-precision matmuls that a draft step is made of took 1.8 times as long on one (docs/design.md#cpu-vendors)."""
+    import platform
+
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return " ".join(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def machine_line(threads_note: str = "") -> str:
-    """The machine and software a measurement ran on, for a report's header: architecture, cores, torch threads
-    (with `threads_note`, e.g. the OpenMP waits, in brackets), torch and Python. Python matters for results as well as
-    times: the `code` eval set comes from the running interpreter's standard library."""
+    """The machine and software a measurement ran on, for a report's header: architecture and processor, cores,
+    torch threads (with `threads_note`, e.g. the OpenMP waits, in brackets), torch and Python. Python matters for
+    results as well as times: the `code` eval set comes from the running interpreter's standard library."""
     import os
     import platform
 
     note = f" ({threads_note})" if threads_note else ""
-    return (f"{platform.machine()}, {os.cpu_count()} CPUs, {torch.get_num_threads()} torch threads{note}, "
-            f"torch {torch.__version__}, Python {platform.python_version()}")
+    return (f"{platform.machine()} ({cpu_model()}), {os.cpu_count()} CPUs, {torch.get_num_threads()} torch "
+            f"threads{note}, torch {torch.__version__}, Python {platform.python_version()}")
 
 
 def pick_threads(seconds: dict[int, float]) -> int:

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import platform
 import sys
 import tempfile
 import time
@@ -99,7 +98,9 @@ def describe_device(dev) -> str:
         props = torch.cuda.get_device_properties(dev)
         return (f"{props.name}, {props.total_memory / 2**30:.0f} GiB, CUDA {torch.version.cuda}, "
                 f"bf16 {'yes' if torch.cuda.is_bf16_supported() else 'NO'}")
-    return f"CPU {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads"
+    from domino_lab.target import cpu_model
+
+    return f"CPU {cpu_model()}, {torch.get_num_threads()} threads"
 
 
 def sync(dev):

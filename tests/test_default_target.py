@@ -143,3 +143,26 @@ def test_openmp_waits_names_the_policy(monkeypatch):
     monkeypatch.delenv("GOMP_SPINCOUNT")
     monkeypatch.delenv("OMP_WAIT_POLICY")
     assert openmp_waits() == "libgomp default"
+
+
+def test_machine_line_names_the_processor(monkeypatch, tmp_path):
+    """Timings on this VM kind differ by CPU vendor, so every report's machine line names the processor: the
+    /proc/cpuinfo model name where there is one, the platform's answer where not."""
+    import builtins
+    import io
+    import platform
+
+    from domino_lab import target as tmod
+
+    info = "processor\t: 0\nvendor_id\t: AuthenticAMD\nmodel name\t: AMD  EPYC 9R14\nflags\t\t: fpu\n"
+    real_open = builtins.open
+    monkeypatch.setattr(builtins, "open", lambda p, *a, **k: io.StringIO(info) if p == "/proc/cpuinfo"
+                        else real_open(p, *a, **k))
+    assert tmod.cpu_model() == "AMD EPYC 9R14"                    # runs of blanks collapsed
+    assert "(AMD EPYC 9R14)" in tmod.machine_line()
+
+    def missing(p, *a, **k):
+        raise FileNotFoundError(p)
+    monkeypatch.setattr(builtins, "open", missing)
+    monkeypatch.setattr(platform, "processor", lambda: "")
+    assert tmod.cpu_model() == platform.machine()                # no cpuinfo, no processor string: the architecture
