@@ -85,31 +85,52 @@ def openmp_waits() -> str:
     return f"OMP_WAIT_POLICY={policy}" if policy else "libgomp default"
 
 
-def cpu_model() -> str:
-    """The processor's model name ("AMD EPYC", "Intel(R) Xeon(R) Platinum ..."), or the architecture where the OS
-    does not say. Timings need it: the same 2-core VM kind has come up with processors of both vendors, and the small
-    single-precision matmuls that a draft step is made of took 1.8 times as long on one (docs/design.md#cpu-vendors)."""
+def cpu_description() -> str:
+    """The processor's model name and its last-level cache as the OS reports them ("AMD EPYC, L3 32 MB"), or the
+    architecture where the OS does not say. Timings need both: the same 2-core VM kind has come up on processors whose
+    caches hold the embedded target and its drafter together (a Xeon) and on one whose cache does not (an EPYC with
+    32 MB), where a draft step after a target step reads the drafter's weights from memory
+    (docs/design.md#cpu-caches)."""
+    import glob
     import platform
+    import re
 
+    name = ""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
                 if line.startswith("model name"):
-                    return " ".join(line.split(":", 1)[1].split())
+                    name = " ".join(line.split(":", 1)[1].split())
+                    break
     except OSError:
         pass
-    return platform.processor() or platform.machine()
+    name = name or platform.processor() or platform.machine()
+    caches = {}             # level -> KiB: sysfs says "32768K" (what lscpu reads; CPUID's total can be larger)
+    for d in glob.glob("/sys/devices/system/cpu/cpu0/cache/index*"):
+        try:
+            with open(f"{d}/level") as f_level, open(f"{d}/size") as f_size:
+                level, size = int(f_level.read()), f_size.read().strip()
+        except (OSError, ValueError):
+            continue
+        m = re.fullmatch(r"(\d+)([KM]?)", size)
+        if m:
+            caches[level] = int(m[1]) * {"K": 1, "M": 1024, "": 1 / 1024}[m[2]]
+    if not caches:
+        return name
+    kib = caches[max(caches)]
+    return f"{name}, L{max(caches)} " + (f"{kib / 1024:g} MB" if kib >= 1024 else f"{kib:g} KB")
 
 
 def machine_line(threads_note: str = "") -> str:
-    """The machine and software a measurement ran on, for a report's header: architecture and processor, cores,
-    torch threads (with `threads_note`, e.g. the OpenMP waits, in brackets), torch and Python. Python matters for
-    results as well as times: the `code` eval set comes from the running interpreter's standard library."""
+    """The machine and software a measurement ran on, for a report's header: architecture, processor and its
+    last-level cache, cores, torch threads (with `threads_note`, e.g. the OpenMP waits, in brackets), torch and Python.
+    Python matters for results as well as times: the `code` eval set comes from the running interpreter's standard
+    library."""
     import os
     import platform
 
     note = f" ({threads_note})" if threads_note else ""
-    return (f"{platform.machine()} ({cpu_model()}), {os.cpu_count()} CPUs, {torch.get_num_threads()} torch "
+    return (f"{platform.machine()} ({cpu_description()}), {os.cpu_count()} CPUs, {torch.get_num_threads()} torch "
             f"threads{note}, torch {torch.__version__}, Python {platform.python_version()}")
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from domino_lab.errors import CliParser, UserError, atomic_path, check_out_file, run_cli
 from domino_lab.experiments.curves import convergence_curves, plot_convergence
-from domino_lab.target import cpu_model
+from domino_lab.target import cpu_description
 
 
 def last_quarter_gain(steps: list[int], tau: list[float]) -> float | None:
@@ -33,7 +33,7 @@ def last_quarter_gain(steps: list[int], tau: list[float]) -> float | None:
 
 
 def report(curves: dict, command: str) -> str:
-    lines = [f"`{command}` ({platform.machine()} ({cpu_model()}), {time.strftime('%Y-%m-%d %H:%M')})", "",
+    lines = [f"`{command}` ({platform.machine()} ({cpu_description()}), {time.strftime('%Y-%m-%d %H:%M')})", "",
              "| run | steps evaluated | val τ at each evaluation | best | last − best of the first ¾ | "
              "draft 0 / 1 / 2 accepted at the end |", "|---|---|---|---|---|---|"]
     for label, c in curves.items():

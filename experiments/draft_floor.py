@@ -16,7 +16,8 @@ meets them (each part after a target forward), this times:
   CPU inductor writes that pass's wrapper in C++, and `draft step (compiled, Python wrapper)` is the same pass with
   its default Python wrapper);
 - `matmuls`: only the backbone's linear layers, with its weights at its shapes, and `lm head`: the FR-Spec slice of
-  the LM head over the drafted slots: what remains with no overhead at all;
+  the LM head over the drafted slots: what remains with no overhead at all; `matmuls, weights in cache`: the same
+  matmuls run once more right before they are timed, so their weights come from the cache, not from memory;
 - `copy input host work`: what a decoding step does on the host for a drafter with a copy input before it drafts
   (the copy index catching up with the committed tokens, the candidates as tensors), which `draft step` leaves out.
 
@@ -40,10 +41,11 @@ from domino_lab.experiments.results import write_results
 from domino_lab.experiments.timing import cached_step
 from domino_lab.models import compiled_pass
 from domino_lab.models.drafter import load_drafter
-from domino_lab.target import cpu_model
+from domino_lab.target import cpu_description
 
 
 COPY_NEW = 7     # committed tokens a decoding step's copy index catches up with: about a math step's
+HOT = "matmuls, weights in cache"     # the same matmuls timed right after themselves instead of after a target step
 
 
 def backbone_call(d, ctx: int, new: int, g: torch.Generator):
@@ -130,7 +132,8 @@ def measure(target, d, ctx: int, reps: int, rounds: int, compile_backbone: bool)
             finally:
                 compiled_pass.CPP_WRAPPER = True
         parts["backbone (compiled)"] = backbone(True)
-    parts |= {"matmuls": matmul_call(d, ctx, 2, g), "lm head": lm_head_call(d, g)}
+    matmuls = matmul_call(d, ctx, 2, g)
+    parts |= {"matmuls": matmuls, HOT: matmuls, "lm head": lm_head_call(d, g)}
     if d.config.copy_ngram:
         parts[f"copy input host work ({COPY_NEW} new tokens)"] = copy_host_call(d, ctx, COPY_NEW, g, rounds * reps + 1)
     times: dict = {name: [] for name in parts}
@@ -141,6 +144,8 @@ def measure(target, d, ctx: int, reps: int, rounds: int, compile_backbone: bool)
             for name, f in parts.items():
                 for _ in range(reps):
                     plain()               # every part after a target forward, as in a decode
+                    if name == HOT:
+                        f()               # ... but this one: its weights back in the cache first
                     t0 = time.thread_time()
                     f()
                     times[name].append(time.thread_time() - t0)
@@ -165,6 +170,10 @@ def report(ms: dict, args, meta: dict) -> str:
                   f"{ms['backbone (eager)']:.3f} ms; drafting through it as decoding does (`backbone_impl=compiled`, "
                   f"dynamic shapes) takes {ms['draft step (compiled backbone)']:.3f} ms, "
                   f"{ms['draft step (compiled backbone)'] / plain:.2f} of a plain step."]
+    lines += [f"Timed right after themselves, with their weights in the cache, the matmuls take {ms[HOT]:.3f} ms against "
+              f"{ms['matmuls']:.3f} after a target step. The difference, {ms['matmuls'] - ms[HOT]:.3f} ms, is the "
+              "drafter's weights coming back into the cache: next to nothing where the processor's last-level cache "
+              "holds both models, more where it cannot (docs/design.md#cpu-caches)."]
     host = next((k for k in ms if k.startswith("copy input host work")), None)
     if host:
         lines += [f"In decoding, each draft step also pays the copy input's host work, which `draft step` leaves out "
@@ -194,7 +203,7 @@ def main(argv=None) -> int:
     target = Target.from_pretrained("default", dtype="float32")
     d = load_drafter(args.drafter, target)
     ms = measure(target, d, args.ctx, args.reps, args.rounds, not args.no_compile)
-    meta = {"machine": f"{platform.machine()} ({cpu_model()}), {torch.get_num_threads()} torch thread(s) of "
+    meta = {"machine": f"{platform.machine()} ({cpu_description()}), {torch.get_num_threads()} torch thread(s) of "
                        f"{__import__('os').cpu_count()} CPUs",
             "torch": torch.__version__, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     write_results(out, "draft_floor", {"ms": ms, "meta": meta, "argv": sys.argv[1:] if argv is None else argv},

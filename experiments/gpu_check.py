@@ -98,9 +98,9 @@ def describe_device(dev) -> str:
         props = torch.cuda.get_device_properties(dev)
         return (f"{props.name}, {props.total_memory / 2**30:.0f} GiB, CUDA {torch.version.cuda}, "
                 f"bf16 {'yes' if torch.cuda.is_bf16_supported() else 'NO'}")
-    from domino_lab.target import cpu_model
+    from domino_lab.target import cpu_description
 
-    return f"CPU {cpu_model()}, {torch.get_num_threads()} threads"
+    return f"CPU {cpu_description()}, {torch.get_num_threads()} threads"
 
 
 def sync(dev):

@@ -26,7 +26,7 @@ from domino_lab import Drafter, Target
 from domino_lab.errors import CliParser, atomic_path, check_out_dir, run_cli
 from domino_lab.experiments.timing import cached_step, interleaved_ms
 from domino_lab.models.drafter import load_drafter
-from domino_lab.target import cpu_model
+from domino_lab.target import cpu_description
 
 VARIANTS = ("dflash", "eager", "fast K=0", "fast K=64", "fast K=256", "compiled K=64", "fused K=0", "fused K=64")
 
@@ -154,7 +154,7 @@ def main(argv=None) -> int:
     cmd = "python experiments/head_microbench.py " + " ".join(argv if argv is not None else sys.argv[1:])
     md = (f"# One draft step: DFlash vs Domino head (eager, fast, compiled, fused)\n\n`{cmd.strip()}` — "
           f"{time.strftime('%Y-%m-%d')}, "
-          f"{cpu_model()}, torch {torch.__version__}, 1 thread, context {a.ctx}.\n\n"
+          f"{cpu_description()}, torch {torch.__version__}, 1 thread, context {a.ctx}.\n\n"
           "Median CPU ms per draft step (thread CPU time; wall-clock medians in the JSON), decoding-like: the context "
           "is in the draft cache and 2 newly committed positions are appended. `dflash` is the same "
           "drafter with the head off; `fast K` scores the correction on a pool of K candidates (K=0: full "

@@ -26,7 +26,7 @@ from transformers import MistralConfig, MistralForCausalLM
 from domino_lab import Drafter, Target, speculative_generate
 from domino_lab.decoding import batched, engine, kv_cache
 from domino_lab.errors import CliParser, UserError, atomic_path, check_out_dir, run_cli
-from domino_lab.target import cpu_model
+from domino_lab.target import cpu_description
 
 
 def build_target(window: int, layers: int, hidden: int) -> Target:
@@ -137,7 +137,8 @@ def main(argv=None) -> int:
         "# Sliding-window cache: window layers vs full layers, one sequence and a batch",
         "",
         f"`python experiments/window_cache.py {' '.join(argv if argv is not None else sys.argv[1:])}` — "
-        f"{platform.machine()} ({cpu_model()}), {torch.get_num_threads()} torch thread(s), torch {torch.__version__}.",
+        f"{platform.machine()} ({cpu_description()}), {torch.get_num_threads()} torch thread(s), "
+        f"torch {torch.__version__}.",
         "",
         f"Target: Mistral-shaped, random weights, {a.layers} layers, hidden {a.hidden}, window {a.window}, float32; "
         f"prompt {a.prompt_tokens} random tokens" + (f" (a batch's: {len(prompts[-1])} to {a.prompt_tokens})"

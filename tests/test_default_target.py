@@ -145,24 +145,39 @@ def test_openmp_waits_names_the_policy(monkeypatch):
     assert openmp_waits() == "libgomp default"
 
 
-def test_machine_line_names_the_processor(monkeypatch, tmp_path):
-    """Timings on this VM kind differ by CPU vendor, so every report's machine line names the processor: the
-    /proc/cpuinfo model name where there is one, the platform's answer where not."""
+def test_machine_line_names_the_processor_and_its_cache(monkeypatch):
+    """Timings on this VM kind differ with the processor's last-level cache (whether the target and its drafter fit
+    in it together), so every report's machine line names the processor and that cache: the /proc/cpuinfo model name
+    and sysfs's largest cache level where the OS has them, the platform's answer where not."""
     import builtins
+    import glob
     import io
     import platform
 
     from domino_lab import target as tmod
 
-    info = "processor\t: 0\nvendor_id\t: AuthenticAMD\nmodel name\t: AMD  EPYC 9R14\nflags\t\t: fpu\n"
+    cache = "/sys/devices/system/cpu/cpu0/cache"
+    files = {"/proc/cpuinfo": "processor\t: 0\nvendor_id\t: AuthenticAMD\nmodel name\t: AMD  EPYC 9R14\nflags\t: fpu\n",
+             f"{cache}/index0/level": "1\n", f"{cache}/index0/size": "48K\n",
+             f"{cache}/index2/level": "2\n", f"{cache}/index2/size": "1024K\n",
+             f"{cache}/index3/level": "3\n", f"{cache}/index3/size": "32768K\n"}
     real_open = builtins.open
-    monkeypatch.setattr(builtins, "open", lambda p, *a, **k: io.StringIO(info) if p == "/proc/cpuinfo"
-                        else real_open(p, *a, **k))
-    assert tmod.cpu_model() == "AMD EPYC 9R14"                    # runs of blanks collapsed
-    assert "(AMD EPYC 9R14)" in tmod.machine_line()
 
-    def missing(p, *a, **k):
-        raise FileNotFoundError(p)
-    monkeypatch.setattr(builtins, "open", missing)
+    def fake_open(p, *a, **k):
+        if str(p) in files:
+            return io.StringIO(files[str(p)])
+        if str(p).startswith(("/proc/cpuinfo", cache)):
+            raise FileNotFoundError(p)
+        return real_open(p, *a, **k)
+    monkeypatch.setattr(builtins, "open", fake_open)
+    monkeypatch.setattr(glob, "glob", lambda pattern: sorted({f.rsplit("/", 1)[0] for f in files if "index" in f}))
+    assert tmod.cpu_description() == "AMD EPYC 9R14, L3 32 MB"          # runs of blanks collapsed; the largest level
+    assert "(AMD EPYC 9R14, L3 32 MB)" in tmod.machine_line()
+    files[f"{cache}/index3/size"] = "260M\n"
+    assert tmod.cpu_description() == "AMD EPYC 9R14, L3 260 MB"
+    for k in [k for k in files if "index3" in k or "index2" in k]:
+        del files[k]
+    assert tmod.cpu_description() == "AMD EPYC 9R14, L1 48 KB"
+    files.clear()                           # neither cpuinfo nor sysfs, and no processor string: the architecture
     monkeypatch.setattr(platform, "processor", lambda: "")
-    assert tmod.cpu_model() == platform.machine()                # no cpuinfo, no processor string: the architecture
+    assert tmod.cpu_description() == platform.machine()

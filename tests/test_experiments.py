@@ -232,10 +232,11 @@ def test_draft_floor_times_the_draft_step_and_its_parts(tmp_path):
     assert mod.main(["--quick", "--no-compile", "--out", str(out)]) == 0
     ms = json.loads((out / "draft_floor.json").read_text())["ms"]
     # (the shipped drafter reads copy candidates: the host work of computing them in a decoding step is timed too)
-    assert set(ms) == {"plain step", "draft step", "backbone (eager)", "matmuls", "lm head",
-                       "copy input host work (7 new tokens)"}
+    assert set(ms) == {"plain step", "draft step", "backbone (eager)", "matmuls", "matmuls, weights in cache",
+                       "lm head", "copy input host work (7 new tokens)"}
     assert all(v > 0 for v in ms.values())
     assert "| matmuls |" in (out / "draft_floor.md").read_text()
+    assert "with their weights in the cache, the matmuls take" in (out / "draft_floor.md").read_text()
     assert "each draft step also pays the copy input's host work" in (out / "draft_floor.md").read_text()
 
 
