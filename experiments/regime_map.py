@@ -180,7 +180,7 @@ def render_tree(res: dict, gains: dict, source: str) -> list[str]:
 
 
 def render(res: dict, meta: dict, shipped: dict, proj: dict, gains: dict | None = None) -> str:
-    lines = [f"# Regime map: where speculative decoding pays on this CPU", "",
+    lines = ["# Regime map: where speculative decoding pays on this CPU", "",
              f"`{meta['command']}`", "",
              f"Machine: {meta['machine']}, {meta['date']}. Random weights except the embedded default; median wall "
              f"time, {CTX}-token context; untrained Domino drafter ({meta['draft_layers']} draft layers, "
