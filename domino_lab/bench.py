@@ -516,6 +516,21 @@ def agreement(smp: Sampling) -> str:
             "in tests/test_sampling.py), so outputs are not compared token for token.")
 
 
+def param_mb(model) -> float:
+    """A model's parameters in MB (shared tensors once)."""
+    return round(sum(p.numel() * p.element_size() for p in model.parameters()) / 1e6, 2)
+
+
+def weights_line(weights_mb: dict, cache: tuple[int, float] | None) -> str:
+    """The models' weights against the processor's last-level cache: a speculative decode alternates the target
+    and a drafter, so whether both fit in that cache changes what a draft step costs after a verify
+    (docs/design.md#cpu-caches)."""
+    parts = ", ".join(f"{k} {v:.1f} MB" for k, v in weights_mb.items())
+    where = (f"this processor's last-level cache (L{cache[0]}) holds {cache[1]:g} MB" if cache else
+             "the OS reports no cache size")
+    return f"Weights: {parts}; {where} (docs/design.md#cpu-caches)."
+
+
 def load_assistant(spec: str, target, dtype):
     from transformers import AutoModelForCausalLM
 
@@ -611,7 +626,7 @@ def main(argv: list[str] | None = None) -> int:
     from .decoding.engine import check_tree_mode
     from .models import InferenceOptions, load_drafter
     from .models.options import TREE_FLAGS
-    from .target import Target, machine_line, openmp_waits, use_decode_threads
+    from .target import Target, last_level_cache, machine_line, openmp_waits, use_decode_threads
 
     options = InferenceOptions.from_args(args)
     smp = Sampling(args.temperature, args.top_p, args.sampler, args.seed)
@@ -702,7 +717,11 @@ def main(argv: list[str] | None = None) -> int:
             "lm_head": "screen" if target.screen is not None else "full",
             # the batch-1 rows ran with the machine line's threads, batched decoding with these per batch size
             "batched_threads": b.batch_threads, "batched_continuous": args.continuous, "skipped": skipped,
-            "batched_left_out": batched_left_out(b) if batched else {}}
+            "batched_left_out": batched_left_out(b) if batched else {},
+            # (parameters only: the target's tied embedding counts once; a drafter's tables built from it not at all)
+            "weights_mb": {"target": param_mb(target.model)} | {f"drafter {specs[m][0]}": param_mb(d)
+                                                                for m, d in drafters.items()},
+            "last_level_cache": last_level_cache()}
     md = table(results)
     # block drafters verified as chains with their own head path: what the regime map's costs are of
     chains = [m for m in methods if m in drafters and hasattr(drafters[m], "tree_expander")
@@ -744,6 +763,7 @@ def main(argv: list[str] | None = None) -> int:
                + "".join(f"Not in the batched table: `{m}` ({why}).\n" for m, why in meta["batched_left_out"].items())
                + ("\n" if meta["batched_left_out"] else "") if batched else "")
             + (projection_table(proj, args.project) + "\n\n" if proj else "")
+            + weights_line(meta["weights_mb"], meta["last_level_cache"]) + "\n\n"
             + "\n".join(f"![{p.stem}]({p.name})" for p in pngs) + "\n")
     with atomic_path(out / "bench.md") as t:
         t.write_text(text)

@@ -85,15 +85,33 @@ def openmp_waits() -> str:
     return f"OMP_WAIT_POLICY={policy}" if policy else "libgomp default"
 
 
+def last_level_cache() -> tuple[int, float] | None:
+    """(level, size in MiB) of the largest cache level that sysfs reports for the first CPU, or None where it reports
+    none. sysfs gives what one core can use ("32768K" on a core complex's L3, as lscpu reads it); CPUID's total over a
+    whole package can be larger."""
+    import glob
+    import re
+
+    caches = {}
+    for d in glob.glob("/sys/devices/system/cpu/cpu0/cache/index*"):
+        try:
+            with open(f"{d}/level") as f_level, open(f"{d}/size") as f_size:
+                level, size = int(f_level.read()), f_size.read().strip()
+        except (OSError, ValueError):
+            continue
+        m = re.fullmatch(r"(\d+)([KM]?)", size)
+        if m:
+            caches[level] = int(m[1]) * {"K": 1, "M": 1024, "": 1 / 1024}[m[2]] / 1024
+    return (max(caches), caches[max(caches)]) if caches else None
+
+
 def cpu_description() -> str:
     """The processor's model name and its last-level cache as the OS reports them ("AMD EPYC, L3 32 MB"), or the
     architecture where the OS does not say. Timings need both: the same 2-core VM kind has come up on processors whose
     caches hold the embedded target and its drafter together (a Xeon) and on one whose cache does not (an EPYC with
     32 MB), where a draft step after a target step reads the drafter's weights from memory
     (docs/design.md#cpu-caches)."""
-    import glob
     import platform
-    import re
 
     name = ""
     try:
@@ -105,20 +123,11 @@ def cpu_description() -> str:
     except OSError:
         pass
     name = name or platform.processor() or platform.machine()
-    caches = {}             # level -> KiB: sysfs says "32768K" (what lscpu reads; CPUID's total can be larger)
-    for d in glob.glob("/sys/devices/system/cpu/cpu0/cache/index*"):
-        try:
-            with open(f"{d}/level") as f_level, open(f"{d}/size") as f_size:
-                level, size = int(f_level.read()), f_size.read().strip()
-        except (OSError, ValueError):
-            continue
-        m = re.fullmatch(r"(\d+)([KM]?)", size)
-        if m:
-            caches[level] = int(m[1]) * {"K": 1, "M": 1024, "": 1 / 1024}[m[2]]
-    if not caches:
+    cache = last_level_cache()
+    if cache is None:
         return name
-    kib = caches[max(caches)]
-    return f"{name}, L{max(caches)} " + (f"{kib / 1024:g} MB" if kib >= 1024 else f"{kib:g} KB")
+    level, mib = cache
+    return f"{name}, L{level} " + (f"{mib:g} MB" if mib >= 1 else f"{mib * 1024:g} KB")
 
 
 def machine_line(threads_note: str = "") -> str:

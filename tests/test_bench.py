@@ -68,6 +68,13 @@ def test_quick_bench_writes_table_json_and_checks_losslessness(dirs, tmp_path, c
     # the code set comes from the running Python's standard library, so the report names the Python, and each set's
     # prompts by count and digest
     assert meta["machine"].endswith(f", Python {platform.python_version()}")
+    # the models' weights beside the processor's last-level cache: whether both models of a decode fit in it
+    target_mb = sum(p.numel() * p.element_size()
+                    for p in Target.from_pretrained(tdir, dtype="float64").model.parameters())
+    assert meta["weights_mb"]["target"] == pytest.approx(target_mb / 1e6, abs=0.01)
+    assert set(meta["weights_mb"]) == {"target", f"drafter {root / 'domino'}", f"drafter {root / 'dflash'}",
+                                       "drafter untrained:eagle"}
+    assert f"Weights: target {target_mb / 1e6:.1f} MB, " in (out / "bench.md").read_text()
     from domino_lab.data.eval_sets import load_eval_set, prompts_digest
 
     given = load_eval_set(prompts)[:2]                  # --quick: the first 2 prompts of each set
@@ -341,3 +348,12 @@ def test_default_methods_skip_what_the_target_cannot_run(dirs, tmp_path, capsys)
     err = capsys.readouterr().err.strip().splitlines()
     assert e.value.code == 2 and len(err) == 1 and "LinearAttentionLayer" in err[0]
     assert not (tmp_path / "named").exists()
+
+
+def test_weights_line_names_the_cache_or_its_absence():
+    from domino_lab.bench import weights_line
+
+    assert weights_line({"target": 27.28, "drafter default": 11.17}, (3, 32.0)) == (
+        "Weights: target 27.3 MB, drafter default 11.2 MB; this processor's last-level cache (L3) holds 32 MB "
+        "(docs/design.md#cpu-caches).")
+    assert "the OS reports no cache size" in weights_line({"target": 1.0}, None)
