@@ -84,6 +84,12 @@ class GrowingLayer(DynamicLayer):
         self._v = values.new_empty(*values.shape[:-2], size, values.shape[-1])
         self._k.narrow(-2, 0, n).copy_(keys)
         self._v.narrow(-2, 0, n).copy_(values)
+        self._filled(n)
+
+    def _filled(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Make the buffers' first n positions the layer's keys and values."""
+        self.keys, self.values = self._views = (self._k.narrow(-2, 0, n), self._v.narrow(-2, 0, n))
+        return self._views
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
                ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -104,15 +110,11 @@ class GrowingLayer(DynamicLayer):
             empty = self.keys.numel() == 0
             self._reallocate(key_like.narrow(-2, 0, 0) if empty else self.keys,
                              value_like.narrow(-2, 0, 0) if empty else self.values, new)
-            n = 0 if empty else self.keys.shape[-2]
-            self.keys, self.values = self._views = (self._k.narrow(-2, 0, n), self._v.narrow(-2, 0, n))
         return self._k, self._v, self.keys.shape[-2]
 
     def extend(self, new: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Count `new` more positions of the buffers as filled (after `reserve` and the caller's write)."""
-        n = self.keys.shape[-2] + new
-        self.keys, self.values = self._views = (self._k.narrow(-2, 0, n), self._v.narrow(-2, 0, n))
-        return self._views
+        return self._filled(self.keys.shape[-2] + new)
 
     def reset(self) -> None:
         self._k = self._v = self._views = None
