@@ -130,6 +130,14 @@ def cpu_description() -> str:
     return f"{name}, L{level} " + (f"{mib:g} MB" if mib >= 1 else f"{mib * 1024:g} KB")
 
 
+def cpu_line() -> str:
+    """The architecture with the processor and its last-level cache, e.g. "x86_64 (AMD EPYC, L3 32 MB)": what a
+    report's machine line starts with."""
+    import platform
+
+    return f"{platform.machine()} ({cpu_description()})"
+
+
 def machine_line(threads_note: str = "") -> str:
     """The machine and software a measurement ran on, for a report's header: architecture, processor and its
     last-level cache, cores, torch threads (with `threads_note`, e.g. the OpenMP waits, in brackets), torch and Python.
@@ -139,8 +147,8 @@ def machine_line(threads_note: str = "") -> str:
     import platform
 
     note = f" ({threads_note})" if threads_note else ""
-    return (f"{platform.machine()} ({cpu_description()}), {os.cpu_count()} CPUs, {torch.get_num_threads()} torch "
-            f"threads{note}, torch {torch.__version__}, Python {platform.python_version()}")
+    return (f"{cpu_line()}, {os.cpu_count()} CPUs, {torch.get_num_threads()} torch threads{note}, "
+            f"torch {torch.__version__}, Python {platform.python_version()}")
 
 
 def pick_threads(seconds: dict[int, float]) -> int:

@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import sys
 import time
 from pathlib import Path
 
 from domino_lab.errors import CliParser, UserError, atomic_path, check_out_file, run_cli
 from domino_lab.experiments.curves import convergence_curves, plot_convergence
-from domino_lab.target import cpu_description
+from domino_lab.target import cpu_line
 
 
 def last_quarter_gain(steps: list[int], tau: list[float]) -> float | None:
@@ -33,7 +32,7 @@ def last_quarter_gain(steps: list[int], tau: list[float]) -> float | None:
 
 
 def report(curves: dict, command: str) -> str:
-    lines = [f"`{command}` ({platform.machine()} ({cpu_description()}), {time.strftime('%Y-%m-%d %H:%M')})", "",
+    lines = [f"`{command}` ({cpu_line()}, {time.strftime('%Y-%m-%d %H:%M')})", "",
              "| run | steps evaluated | val τ at each evaluation | best | last − best of the first ¾ | "
              "draft 0 / 1 / 2 accepted at the end |", "|---|---|---|---|---|---|"]
     for label, c in curves.items():

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import platform
 import statistics
 import sys
 import time
@@ -41,7 +40,7 @@ from domino_lab.experiments.results import write_results
 from domino_lab.experiments.timing import cached_step
 from domino_lab.models import compiled_pass
 from domino_lab.models.drafter import load_drafter
-from domino_lab.target import cpu_description
+from domino_lab.target import cpu_line
 
 
 COPY_NEW = 7     # committed tokens a decoding step's copy index catches up with: about a math step's
@@ -203,7 +202,7 @@ def main(argv=None) -> int:
     target = Target.from_pretrained("default", dtype="float32")
     d = load_drafter(args.drafter, target)
     ms = measure(target, d, args.ctx, args.reps, args.rounds, not args.no_compile)
-    meta = {"machine": f"{platform.machine()} ({cpu_description()}), {torch.get_num_threads()} torch thread(s) of "
+    meta = {"machine": f"{cpu_line()}, {torch.get_num_threads()} torch thread(s) of "
                        f"{__import__('os').cpu_count()} CPUs",
             "torch": torch.__version__, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     write_results(out, "draft_floor", {"ms": ms, "meta": meta, "argv": sys.argv[1:] if argv is None else argv},

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -33,7 +32,7 @@ from transformers import DynamicCache
 from domino_lab.config import repo_root
 from domino_lab.errors import CliParser, UserError, check_out_dir, run_cli
 from domino_lab.experiments.results import write_results
-from domino_lab.target import cpu_description
+from domino_lab.target import cpu_line
 
 DRAFTERS = {"dflash": "default-dflash", "domino": "default", "eagle": "default-eagle"}
 
@@ -230,7 +229,7 @@ def main(argv=None) -> int:
         policies[pol] = {"median_ms": {k: statistics.median(r["median_ms"][k] for r in runs) for k in keys},
                          "rounds": [r["median_ms"] for r in runs]}
     res = {"argv": list(argv if argv is not None else sys.argv[1:]), "date": time.strftime("%Y-%m-%d %H:%M UTC"),
-           "machine": f"{platform.machine()} ({cpu_description()}), {os.cpu_count()} CPUs",
+           "machine": f"{cpu_line()}, {os.cpu_count()} CPUs",
            "prompts": per[args.omp_policies[0]][0]["prompts"],
            "policies": policies}
     prof = profile_summary(args)

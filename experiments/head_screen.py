@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import statistics
 import sys
 import time
@@ -29,7 +28,7 @@ import torch.nn.functional as F
 from domino_lab.config import repo_root
 from domino_lab.errors import CliParser, UserError, check_out_dir, run_cli
 from domino_lab.experiments.results import write_results
-from domino_lab.target import cpu_description
+from domino_lab.target import cpu_line
 
 CONFIGS = [("ar", None, 0), ("domino", "default", 0), ("domino-tree", "default", 32)]
 
@@ -158,7 +157,7 @@ def main(argv=None) -> int:
         raise UserError("--limit, --threads, --repeats and --head-reps must be >= 1 and --max-new-tokens >= 2")
     out = check_out_dir(args.out if args.out is not None else repo_root() / "experiments" / "results")
     res = {"argv": list(argv if argv is not None else sys.argv[1:]), "date": time.strftime("%Y-%m-%d %H:%M UTC"),
-           "machine": f"{platform.machine()} ({cpu_description()}), {os.cpu_count()} CPUs", **measure(args)}
+           "machine": f"{cpu_line()}, {os.cpu_count()} CPUs", **measure(args)}
     write_results(out, "head_screen", res, report(res, args))
     return 0
 

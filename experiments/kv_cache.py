@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import sys
 import time
@@ -25,7 +24,7 @@ from domino_lab.decoding import kv_cache
 from domino_lab.decoding.batched import batched_generate
 from domino_lab.errors import CliParser, UserError, atomic_path, check_out_dir, run_cli
 from domino_lab.models import load_drafter
-from domino_lab.target import Target, cpu_description, use_decode_threads
+from domino_lab.target import Target, cpu_line, use_decode_threads
 
 
 def decode(target, drafter, prompts, size, max_new):
@@ -102,7 +101,7 @@ def main(argv=None) -> int:
     cmd = "python experiments/kv_cache.py " + " ".join(argv if argv is not None else sys.argv[1:])
     lines += [
         "# K/V cache: growing buffer vs Hugging Face's DynamicLayer", "", f"`{cmd}`", "",
-        f"Machine: {platform.machine()} ({cpu_description()}), {torch.get_num_threads()} torch threads, "
+        f"Machine: {cpu_line()}, {torch.get_num_threads()} torch threads, "
         f"torch {torch.__version__}, "
         f"{time.strftime('%Y-%m-%d %H:%M')}; {a.rounds} interleaved rounds, {elapsed:.0f} s. Target `{a.target}`, "
         f"drafter `{a.drafter}` (batched: its adaptive draft count); {a.limit} prompts per set batched, "

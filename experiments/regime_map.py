@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import sys
 import time
@@ -44,7 +43,7 @@ from domino_lab.errors import CliParser, check_out_file, run_cli
 from domino_lab.experiments.results import write_results
 from domino_lab.decoding import tree as trees
 from domino_lab.experiments.timing import cached_step, cached_tree_step
-from domino_lab.target import cpu_description, default_tap_layers, parse_dtype, use_decode_threads
+from domino_lab.target import cpu_line, default_tap_layers, parse_dtype, use_decode_threads
 
 # name: (hidden, layers, heads, kv heads, head_dim, intermediate, vocab); Qwen3-0.6B's published shape last
 SHAPES = {
@@ -276,8 +275,7 @@ def main(argv=None) -> int:
                             tree_nodes)
         print(f"{name}: {json.dumps({k: v for k, v in res[name].items() if k.endswith('_ms')})}", file=sys.stderr)
     meta = {"command": "python experiments/regime_map.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-            "machine": f"{platform.machine()} ({cpu_description()}; {cpu_matrix_units()}), torch {torch.__version__}, "
-                       f"{a.dtype}",
+            "machine": f"{cpu_line()}; {cpu_matrix_units()}, torch {torch.__version__}, {a.dtype}",
             "date": time.strftime("%Y-%m-%d"),
             "tau_source": a.bench, "tree_source": a.tree, "draft_layers": a.draft_layers, "dtype": a.dtype}
     bench = Path(a.bench) if Path(a.bench).is_absolute() else repo_root() / a.bench

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import sys
 import time
@@ -30,7 +29,7 @@ from domino_lab.decoding.metrics import StepTally, speedup_bound
 from domino_lab.errors import CliParser, UserError, atomic_path, check_out_dir, run_cli
 from domino_lab.experiments.timing import step_costs
 from domino_lab.models import Drafter
-from domino_lab.target import Target, cpu_description
+from domino_lab.target import Target, cpu_line
 from domino_lab.training.config import TrainConfig
 from domino_lab.training.datamodule import DrafterDataModule
 
@@ -88,7 +87,7 @@ def main(argv=None) -> int:
                            ("step_costs", step_costs(target, d, reps=reps))):
                 res[n][way].append(c | {"speedup_est": speedup_bound(tau, c["step_ms"], c["draft_ms"], c["verify_ms"])})
     meta = {"command": "python experiments/sweep_costs.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-            "machine": f"{platform.machine()} ({cpu_description()}), torch {torch.__version__}, "
+            "machine": f"{cpu_line()}, torch {torch.__version__}, "
                        f"{args.threads} torch threads (decode way)",
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "seconds": round(time.perf_counter() - t0, 1)}
     lines = ["# Sweep trial costs: one drafter timed again and again", "", f"`{meta['command']}`", "",

@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import time
@@ -30,7 +29,7 @@ from pathlib import Path
 
 from domino_lab.errors import CliParser, UserError, check_out_dir, run_cli
 from domino_lab.experiments.curves import convergence_curves, loss_history, plot_convergence, plot_loss_curves
-from domino_lab.target import cpu_description
+from domino_lab.target import cpu_line
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "experiments" / "configs"
@@ -206,7 +205,7 @@ def main(argv=None) -> int:
         ship(args, argv)
     final_base = {r: round(sum(c["loss_base"][-50:]) / len(c["loss_base"][-50:]), 4) for r, c in curves.items()}
     summary = {"command": "python experiments/train_default_drafters.py " + " ".join(argv or sys.argv[1:]),
-               "machine": f"{platform.machine()} ({cpu_description()}), {os.cpu_count()} CPUs, "
+               "machine": f"{cpu_line()}, {os.cpu_count()} CPUs, "
                           f"{args.parallel} runs at once",
                "date": time.strftime("%Y-%m-%d %H:%M"), "wall_min_total": round((time.time() - started) / 60, 1),
                "runs": rows, "final_base_loss_last50_mean_over_seeds": final_base, "convergence": convergence}

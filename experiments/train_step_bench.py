@@ -9,7 +9,6 @@ same batches, interleaved rounds, median wall time per step.
 from __future__ import annotations
 
 import argparse
-import platform
 import statistics
 import sys
 import time
@@ -21,7 +20,7 @@ from lightning.pytorch.plugins.precision import MixedPrecision, Precision
 from domino_lab.config import load_config, repo_root
 from domino_lab.data.features import ensure
 from domino_lab.errors import CliParser, atomic_path, check_out_file, run_cli
-from domino_lab.target import Target, cpu_description
+from domino_lab.target import Target, cpu_line
 from domino_lab.training.config import TrainConfig, drafter_config
 from domino_lab.training.datamodule import DrafterDataModule
 from domino_lab.training.module import DrafterModule
@@ -94,7 +93,7 @@ def main(argv=None) -> int:
     lines = [
         "# Drafter training step time: offline target features, mixed precision", "",
         f"`{cmd}`", "",
-        f"Machine: {platform.machine()} ({cpu_description()}), {a.threads} torch threads, torch {torch.__version__}, "
+        f"Machine: {cpu_line()}, {a.threads} torch threads, torch {torch.__version__}, "
         f"{time.strftime('%Y-%m-%d')}. Recipe `{a.config}` (batch {cfg.data.batch_size} × ≤ {cfg.data.max_length} "
         f"tokens, {cfg.loss.num_anchors} anchors, taps {dcfg.target_layer_ids}); {a.rounds} interleaved rounds × "
         f"{a.steps} steps per mode, median.", "",

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import sys
 from pathlib import Path
@@ -26,7 +25,7 @@ from transformers import MistralConfig, MistralForCausalLM
 from domino_lab import Drafter, Target, speculative_generate
 from domino_lab.decoding import batched, engine, kv_cache
 from domino_lab.errors import CliParser, UserError, atomic_path, check_out_dir, run_cli
-from domino_lab.target import cpu_description
+from domino_lab.target import cpu_line
 
 
 def build_target(window: int, layers: int, hidden: int) -> Target:
@@ -137,7 +136,7 @@ def main(argv=None) -> int:
         "# Sliding-window cache: window layers vs full layers, one sequence and a batch",
         "",
         f"`python experiments/window_cache.py {' '.join(argv if argv is not None else sys.argv[1:])}` — "
-        f"{platform.machine()} ({cpu_description()}), {torch.get_num_threads()} torch thread(s), "
+        f"{cpu_line()}, {torch.get_num_threads()} torch thread(s), "
         f"torch {torch.__version__}.",
         "",
         f"Target: Mistral-shaped, random weights, {a.layers} layers, hidden {a.hidden}, window {a.window}, float32; "
