@@ -313,7 +313,7 @@ def test_empty_names_are_one_error_each(tmp_path):
 
 CLI_MAINS = ["domino_lab.generate", "domino_lab.bench", "domino_lab.train", "domino_lab.export", "domino_lab.inference",
              "domino_lab.regenerate", "domino_lab.pretrain.__main__", "domino_lab.sweep.__main__",
-             "domino_lab.experiments.__main__", "domino_lab.data.eval_sets", "app.main"]
+             "domino_lab.experiments.__main__", "domino_lab.data.eval_sets", "domino_lab.tour", "app.main"]
 
 
 @pytest.mark.parametrize("module", CLI_MAINS)

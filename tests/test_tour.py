@@ -1,0 +1,80 @@
+"""`python -m domino_lab.tour`: one prompt decoded step by step, each Domino step beside its backbone alone."""
+import re
+
+import pytest
+
+from domino_lab import Target, speculative_generate
+from domino_lab.errors import run_cli
+from domino_lab.models import load_drafter
+from domino_lab.tour import main, pair_steps
+
+
+def run(argv, capsys):
+    with pytest.raises(SystemExit) as e:
+        run_cli(main, argv)
+    out = capsys.readouterr()
+    return e.value.code, out.out, out.err
+
+
+def test_the_tour_shows_a_lossless_decode_and_its_best_step(tmp_path, capsys):
+    out_file = tmp_path / "tour.md"
+    code, out, err = run(["--max-new-tokens", "40", "--out", str(out_file)], capsys)
+    assert code == 0, err
+    assert out_file.read_text() + "\n" == out
+    for heading in ("## 1. The target alone", "## 2. One step", "## 3. What the head did", "## 4. The whole decode"):
+        assert heading in out
+    rows = [line for line in out.splitlines() if line.startswith("| ") and line.count("|") == 6
+            and not line.startswith("| decoding") and "---" not in line]
+    names = [r.split("|")[1].strip() for r in rows]
+    assert names == ["plain", "Domino (default)", "its backbone alone (default, head off)",
+                     "baseline (default-dflash)"]
+    assert [r.split("|")[5].strip() for r in rows[1:]] == ["yes"] * 3
+    # the highlighted step: the verdict columns agree with the counts stated under the table
+    on, off = (int(x) for x in re.search(r"With the head: (\d+) drafts accepted .* from the same text: (\d+) \+",
+                                         out).groups())
+    table = out.split("| slot | backbone alone |")[1].split("\n\n")[0]
+    slots = [line.split("|") for line in table.splitlines() if re.match(r"\| \d+ \|", line)]
+    assert sum(c[4].strip() == "accepted" for c in slots) == off
+    assert sum(c[7].strip() == "accepted" for c in slots) == on
+    # the per-step tokens add up to the decode's output (the prefill's token comes first)
+    per_step = re.search(r"- with the head: ([\d ]+)\n", out).group(1).split()
+    forwards = int(rows[1].split("|")[2])
+    assert len(per_step) == forwards - 1
+    assert sum(map(int, per_step)) + 1 == 40        # (this prompt's greedy text runs past 40 tokens)
+
+
+def test_each_head_off_step_drafts_the_backbones_own_argmax():
+    """The head-off step is a real decode from the same text: its drafts are the base logits' argmax that the
+    head-on step recorded before its correction, slot for slot."""
+    target = Target.from_pretrained("default", dtype="float32")
+    drafter = load_drafter("default", target)
+    for prompt in ("Question: A farmer has 3 pens with 7 sheep each. How many sheep?\nAnswer:",
+                   "def count_words(text):\n    "):
+        ids = target.encode(prompt)
+        res = speculative_generate(target, drafter, prompt_ids=ids, max_new_tokens=30, topk=5)
+        pairs = pair_steps(target, drafter, ids, res, 30, 5)
+        assert len(pairs) == len(res.steps) and drafter.head_enabled
+        for p in pairs:
+            assert p.off.draft_tokens == [b[0] for b in p.on.base_topk_ids]
+            assert p.gain == p.on.acceptance_length - p.off.acceptance_length
+        assert sum(p.on.acceptance_length for p in pairs) + 1 == len(res.token_ids)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--index", "1000"], "--index 1000 is past the end of 'math'"),
+    (["--index", "-1"], "--index must be >= 0"),
+    (["--drafter", "default-dflash"], "has no Domino head"),
+    (["--max-new-tokens", "0"], "--max-new-tokens must be >= 1"),
+    (["--prompt", "  "], "the prompt is empty"),
+])
+def test_bad_input_is_one_error_line_and_writes_nothing(argv, message, tmp_path, capsys):
+    out_file = tmp_path / "tour.md"
+    code, out, err = run(argv + ["--out", str(out_file)], capsys)
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and err.startswith("error: ") and message in err, err
+    assert not out_file.exists()
+
+
+def test_out_into_a_folder_is_refused(tmp_path, capsys):
+    code, out, err = run(["--out", str(tmp_path)], capsys)
+    assert code == 2 and err.startswith("error: --out") and err.count("\n") == 1, err
