@@ -68,6 +68,10 @@ def _tok(target, i: int | None) -> str:
     return "`" + repr(target.decode([i]))[1:-1].replace("`", "'") + "`"
 
 
+def _steps(n: int) -> str:
+    return f"{n} step" if n == 1 else f"{n} steps"
+
+
 def _marks(step) -> list[str]:
     """Per draft slot: accepted, rejected (the first draft the target disagreed with), or not checked."""
     n = len(step.draft_tokens)
@@ -109,6 +113,16 @@ def logits_table(target, step, slots: int) -> str:
     return "\n".join(rows)
 
 
+def steps_table(target, pairs: list[StepPair]) -> str:
+    """One row per step of the Domino decode: the text it committed and its tokens with and without the head."""
+    rows = ["| step | text committed with the head | with the head | backbone alone |", "|---|---|---|---|"]
+    for p in pairs:
+        text = repr(target.decode(p.on.committed))[1:-1].replace("`", "'").replace("|", "\\|")
+        mark = " (+)" if p.gain > 0 else " (−)" if p.gain < 0 else ""
+        rows.append(f"| {p.index + 1} | `{text}` | {p.on.acceptance_length}{mark} | {p.off.acceptance_length} |")
+    return "\n".join(rows)
+
+
 def render(target, prompt: str, runs: dict, pairs: list[StepPair], machine: str, command: str) -> str:
     """The tour as markdown, from measured runs (`runs`: name -> GenerationResult; 'plain' is plain decoding)."""
     plain = runs["plain"]
@@ -145,10 +159,10 @@ def render(target, prompt: str, runs: dict, pairs: list[StepPair], machine: str,
     off_total = sum(p.off.acceptance_length for p in pairs)
     lines += [f"Each of the {len(pairs)} steps of the Domino decode was drafted again from the same text with the "
               f"head off. With the head these steps committed {on_total} tokens, without it {off_total} "
-              f"({on_total / max(off_total, 1):.2f}×). The head committed more in {more} steps, fewer in {fewer}, "
-              f"the same in {len(pairs) - more - fewer}. Tokens per step:", "",
-              "- with the head: " + " ".join(str(p.on.acceptance_length) for p in pairs),
-              "- its backbone alone: " + " ".join(str(p.off.acceptance_length) for p in pairs), "",
+              f"({on_total / max(off_total, 1):.2f}×). The head committed more in {_steps(more)}, fewer in "
+              f"{_steps(fewer)}, the same in {_steps(len(pairs) - more - fewer)}. Step by step (tokens committed by one target "
+              "forward, accepted drafts + the bonus):", "",
+              steps_table(target, pairs), "",
               "## 4. The whole decode, every way", "",
               "| decoding | target forwards | τ (tokens per verify step) | tokens/s | same text as plain decoding |",
               "|---|---|---|---|---|"]

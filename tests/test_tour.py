@@ -37,10 +37,12 @@ def test_the_tour_shows_a_lossless_decode_and_its_best_step(tmp_path, capsys):
     assert sum(c[4].strip() == "accepted" for c in slots) == off
     assert sum(c[7].strip() == "accepted" for c in slots) == on
     # the per-step tokens add up to the decode's output (the prefill's token comes first)
-    per_step = re.search(r"- with the head: ([\d ]+)\n", out).group(1).split()
+    steps = re.findall(r"^\| (\d+) \| `.*` \| (\d+)(?: \([+−]\))? \| (\d+) \|$", out, re.M)
     forwards = int(rows[1].split("|")[2])
-    assert len(per_step) == forwards - 1
-    assert sum(map(int, per_step)) + 1 == 40        # (this prompt's greedy text runs past 40 tokens)
+    assert [int(s[0]) for s in steps] == list(range(1, forwards))
+    assert sum(int(s[1]) for s in steps) + 1 == 40        # (this prompt's greedy text runs past 40 tokens)
+    on_total, off_total = (int(x) for x in re.search(r"committed (\d+) tokens, without it (\d+)", out).groups())
+    assert on_total == sum(int(s[1]) for s in steps) and off_total == sum(int(s[2]) for s in steps)
 
 
 def test_each_head_off_step_drafts_the_backbones_own_argmax():
