@@ -172,6 +172,9 @@ def build_demo(catalog: Catalog, examples: list[dict] | None = None, stream_inte
                         r_counters = _html(COUNTERS_CSS, label="domino counters")
                         r_chain = _chain(label="domino chain")
                         r_bars = _bar_plot("acceptance per draft position: domino")
+                with gr.Accordion("same text, step by step: each step of the right side drafted again by its "
+                                  "backbone alone", open=True):
+                    c_same = gr.Markdown(SAME_TEXT_WAITING, label="same text")
                 with gr.Accordion("raw step records (JSON)", open=False):
                     c_json = gr.JSON()
 
@@ -265,12 +268,14 @@ def build_demo(catalog: Catalog, examples: list[dict] | None = None, stream_inte
                         out[side] = record(snap, texts, req)
                         shown[side] = (chain_html(snap, texts), counters_html(c, req.drafter),
                                        _bars(acceptance(snap)) if snap.done else shown[side][2])
-                        yield *shown["dflash"], *shown["domino"], _summary(out), out
+                        yield *shown["dflash"], *shown["domino"], _summary(out), SAME_TEXT_WAITING, out
+                yield *shown["dflash"], *shown["domino"], _summary(out), same_text(catalog, right, snap.result), out
             except Exception as e:
                 raise _error(e) from None
 
         c_go.click(compare, [c_prompt, c_target, c_drafter, c_left, c_block, c_temp, c_max, c_seed, c_sampler],
-                   [l_chain, l_counters, l_bars, r_chain, r_counters, r_bars, c_summary, c_json], api_name="compare")
+                   [l_chain, l_counters, l_bars, r_chain, r_counters, r_bars, c_summary, c_same, c_json],
+                   api_name="compare")
 
         def show_runs(selected, best=False):
             try:
@@ -298,6 +303,26 @@ def build_demo(catalog: Catalog, examples: list[dict] | None = None, stream_inte
         r_refresh.click(refresh, [r_sel], runs_out + [drafter, c_drafter, c_left, target, c_target],
                         api_visibility="private")
     return demo
+
+
+SAME_TEXT_WAITING = "*After both decodes: each step of the right side, drafted again from the same text with the head off.*"
+
+
+def same_text(catalog: Catalog, req: Request, result) -> str:
+    """Markdown: every step of the right side's greedy decode beside its backbone alone on the same text (sampled
+    decodes draw other tokens on each side, so there is no same-text counterpart to show)."""
+    from domino_lab.decoding.engine import prompt_token_ids
+    from domino_lab.decoding.same_text import pair_steps
+    from domino_lab.tour import same_text_summary, steps_table
+
+    if req.temperature > 0:
+        return "*The same-text comparison needs greedy decoding (temperature 0).*"
+    if not result.steps:
+        return "*The decode ended before its first verify step.*"
+    target = catalog.target(req.target)
+    pairs = pair_steps(target, catalog.drafter(req.target, req.drafter, True), prompt_token_ids(target, req.prompt),
+                       result, req.max_new_tokens, block_size=req.block_size)
+    return same_text_summary(pairs) + "\n\n" + steps_table(target, pairs)
 
 
 def _summary(out: dict) -> str:

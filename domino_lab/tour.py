@@ -12,54 +12,13 @@ backbone's. Every number is measured as it runs (docs/tour.md walks through one 
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from .cli_flags import add_threads_arg
 from .errors import CliParser, UserError, run_cli
 
-
-@dataclass
-class StepPair:
-    """One verify step of the Domino decode, and the same context drafted by its backbone alone (head off)."""
-    index: int           # the step's number in the Domino decode
-    on: object           # StepRecord, head on
-    off: object          # StepRecord, head off, from the same tokens
-
-    @property
-    def gain(self) -> int:
-        """Tokens this step committed with the head, minus without it."""
-        return self.on.acceptance_length - self.off.acceptance_length
-
-
-def head_off_step(target, drafter, ids_before_anchor: list[int], budget: int, topk: int):
-    """The drafter's first verify step with its head switched off, from a context whose greedy next token is the
-    anchor: the prefill makes the anchor, the step drafts after it (a real decode, not a replay). `budget` caps
-    the step's tokens as the decode's remaining budget capped the head-on step."""
-    from .decoding.engine import speculative_generate
-
-    was = drafter.head_enabled
-    drafter.head_enabled = False
-    try:
-        res = speculative_generate(target, drafter, prompt_ids=ids_before_anchor, topk=topk,
-                                   max_new_tokens=1 + budget)
-    finally:
-        drafter.head_enabled = was
-    return res.steps[0]
-
-
-def pair_steps(target, drafter, prompt_ids: list[int], result, max_new_tokens: int, topk: int) -> list[StepPair]:
-    """Every step of `result` (a Domino decode of `prompt_ids` with `max_new_tokens`) beside the head-off step
-    from the same context."""
-    text = list(prompt_ids) + list(result.token_ids)
-    pairs = []
-    for i, step in enumerate(result.steps):
-        budget = max_new_tokens - (step.start - len(prompt_ids) + 1)     # the anchor is an output token too
-        off = head_off_step(target, drafter, text[:step.start], budget, topk)
-        if off.start != step.start or off.anchor != step.anchor:
-            raise RuntimeError(f"step {i}: the head-off decode anchored at {off.start} ({off.anchor}), "
-                               f"not at {step.start} ({step.anchor})")
-        pairs.append(StepPair(i, step, off))
-    return pairs
+if TYPE_CHECKING:
+    from .decoding.same_text import StepPair
 
 
 def _tok(target, i: int | None) -> str:
@@ -113,6 +72,18 @@ def logits_table(target, step, slots: int) -> str:
     return "\n".join(rows)
 
 
+def same_text_summary(pairs: list[StepPair]) -> str:
+    """What the head added over a decode's steps, each against its backbone alone on the same text, in a sentence."""
+    more = sum(p.gain > 0 for p in pairs)
+    fewer = sum(p.gain < 0 for p in pairs)
+    on_total = sum(p.on.acceptance_length for p in pairs)
+    off_total = sum(p.off.acceptance_length for p in pairs)
+    return (f"Each of the {len(pairs)} steps of the Domino decode was drafted again from the same text with the head "
+            f"off. With the head these steps committed {on_total} tokens, without it {off_total} "
+            f"({on_total / max(off_total, 1):.2f}×). The head committed more in {_steps(more)}, fewer in "
+            f"{_steps(fewer)}, the same in {_steps(len(pairs) - more - fewer)}.")
+
+
 def steps_table(target, pairs: list[StepPair]) -> str:
     """One row per step of the Domino decode: the text it committed and its tokens with and without the head."""
     rows = ["| step | text committed with the head | with the head | backbone alone |", "|---|---|---|---|"]
@@ -153,16 +124,8 @@ def render(target, prompt: str, runs: dict, pairs: list[StepPair], machine: str,
              "leaves its logits as they are unless the drafter was trained with `correct_first`):", "",
              logits_table(target, best.on, best.on.accepted + 1), "",
              "## 3. What the head did over the whole decode", ""]
-    more = sum(p.gain > 0 for p in pairs)
-    fewer = sum(p.gain < 0 for p in pairs)
-    on_total = sum(p.on.acceptance_length for p in pairs)
-    off_total = sum(p.off.acceptance_length for p in pairs)
-    lines += [f"Each of the {len(pairs)} steps of the Domino decode was drafted again from the same text with the "
-              f"head off. With the head these steps committed {on_total} tokens, without it {off_total} "
-              f"({on_total / max(off_total, 1):.2f}×). The head committed more in {_steps(more)}, fewer in "
-              f"{_steps(fewer)}, the same in {_steps(len(pairs) - more - fewer)}. Step by step (tokens committed by one target "
-              "forward, accepted drafts + the bonus):", "",
-              steps_table(target, pairs), "",
+    lines += [same_text_summary(pairs) + " Step by step (tokens committed by one target forward, accepted drafts + "
+              "the bonus):", "", steps_table(target, pairs), "",
               "## 4. The whole decode, every way", "",
               "| decoding | target forwards | τ (tokens per verify step) | tokens/s | same text as plain decoding |",
               "|---|---|---|---|---|"]
@@ -231,6 +194,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from . import Target, speculative_generate
     from .decoding.engine import RECORD_TOPK, prompt_token_ids
+    from .decoding.same_text import backbone_alone, pair_steps
     from .models import load_drafter
     from .target import machine_line, use_decode_threads
 
@@ -243,17 +207,14 @@ def main(argv: list[str] | None = None) -> int:
     baseline = None if args.baseline == "none" else load_drafter(args.baseline, target)
     ids = prompt_token_ids(target, prompt)
     gen = dict(prompt_ids=ids, max_new_tokens=args.max_new_tokens, topk=RECORD_TOPK)
-    ways = {"plain": (None, True), f"Domino ({args.drafter})": (drafter, True),
-            f"its backbone alone ({args.drafter}, head off)": (drafter, False)}
+    ways = {"plain": None, f"Domino ({args.drafter})": drafter,
+            f"its backbone alone ({args.drafter}, head off)": backbone_alone(drafter)}
     if baseline is not None:
-        ways[f"baseline ({args.baseline})"] = (baseline, True)
+        ways[f"baseline ({args.baseline})"] = baseline
     runs = {}
     for _ in range(2):      # the second round is kept: the first pays one-time costs (kernels, the head's tables)
-        for name, (d, head) in ways.items():
-            if d is not None:
-                d.head_enabled = head and d.has_head
+        for name, d in ways.items():
             runs[name] = speculative_generate(target, d, **gen)
-    drafter.head_enabled = True
     domino = runs[f"Domino ({args.drafter})"]
     if not domino.steps:
         raise UserError("the decode ended before its first verify step (the first token ended the text); "

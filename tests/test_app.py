@@ -361,9 +361,16 @@ def test_inspect_before_any_decode_is_a_clear_error(app):
 def test_compare_head_off_vs_on(app, client):
     out = client.predict(app["prompt"], "default", "default", "__head_off__", 8, 0.0, MAX_TOKENS, 0,
                          api_name="/compare")
-    recs = out[7]
+    recs = out[8]
     plain = _plain(app, app["prompt"])
     assert recs["dflash"]["head"] == "off" and recs["domino"]["head"] == "on"
+    # the same-text table: one row per step of the right side, its tokens as the right side's records say
+    import re
+
+    rows = re.findall(r"^\| (\d+) \| `.*` \| (\d+)(?: \([+−]\))? \| (\d+) \|$", out[7], re.M)
+    assert [int(r[1]) for r in rows] == [len(s["committed"]) for s in recs["domino"]["steps"]]
+    on_total, off_total = (int(x) for x in re.search(r"committed (\d+) tokens, without it (\d+)", out[7]).groups())
+    assert on_total == sum(int(r[1]) for r in rows) and off_total == sum(int(r[2]) for r in rows)
     assert _spans_concat(recs["dflash"]) == plain == _spans_concat(recs["domino"])
     for bars in (out[2], out[5]):
         rows = bars["value"]["data"] if isinstance(bars, dict) and "value" in bars else bars["data"]
@@ -371,7 +378,7 @@ def test_compare_head_off_vs_on(app, client):
     assert "τ" in out[6]
     # a separately trained DFlash drafter on the left
     out = client.predict(app["prompt"], "default", "default", "default-dflash", 8, 0.0, 8, 0, api_name="/compare")
-    assert out[7]["dflash"]["drafter"] == "default-dflash" and out[7]["dflash"]["head"] == "n/a"
+    assert out[8]["dflash"]["drafter"] == "default-dflash" and out[8]["dflash"]["head"] == "n/a"
 
 
 def test_compare_with_the_gumbel_sampler_shows_one_text(app, client):
@@ -379,7 +386,8 @@ def test_compare_with_the_gumbel_sampler_shows_one_text(app, client):
     spans differ only in how the drafters reached it."""
     out = client.predict(app["prompt"], "default", "default", "__head_off__", 8, 0.9, 24, 5, "gumbel",
                          api_name="/compare")
-    recs = out[7]
+    recs = out[8]
+    assert "needs greedy decoding" in out[7]
     assert recs["dflash"]["sampler"] == recs["domino"]["sampler"] == "gumbel"
     from domino_lab import speculative_generate
 

@@ -6,7 +6,8 @@ import pytest
 from domino_lab import Target, speculative_generate
 from domino_lab.errors import run_cli
 from domino_lab.models import load_drafter
-from domino_lab.tour import main, pair_steps
+from domino_lab.decoding.same_text import pair_steps
+from domino_lab.tour import main
 
 
 def run(argv, capsys):
@@ -55,7 +56,7 @@ def test_each_head_off_step_drafts_the_backbones_own_argmax():
         ids = target.encode(prompt)
         res = speculative_generate(target, drafter, prompt_ids=ids, max_new_tokens=30, topk=5)
         pairs = pair_steps(target, drafter, ids, res, 30, 5)
-        assert len(pairs) == len(res.steps) and drafter.head_enabled
+        assert len(pairs) == len(res.steps) and drafter.head_enabled      # (redrafted by a head-off copy)
         for p in pairs:
             assert p.off.draft_tokens == [b[0] for b in p.on.base_topk_ids]
             assert p.gain == p.on.acceptance_length - p.off.acceptance_length
@@ -80,3 +81,15 @@ def test_bad_input_is_one_error_line_and_writes_nothing(argv, message, tmp_path,
 def test_out_into_a_folder_is_refused(tmp_path, capsys):
     code, out, err = run(["--out", str(tmp_path)], capsys)
     assert code == 2 and err.startswith("error: --out") and err.count("\n") == 1, err
+
+
+def test_pair_steps_refuses_what_it_cannot_pair():
+    target = Target.from_pretrained("default", dtype="float32")
+    dflash = load_drafter("default-dflash", target)
+    res = speculative_generate(target, dflash, prompt="def f(x):", max_new_tokens=8)
+    with pytest.raises(ValueError, match="has no head"):
+        pair_steps(target, dflash, target.encode("def f(x):"), res, 8)
+    domino = load_drafter("default", target)
+    tree = speculative_generate(target, domino, prompt="def f(x):", max_new_tokens=8, tree_nodes=8)
+    with pytest.raises(ValueError, match="verified trees"):
+        pair_steps(target, domino, target.encode("def f(x):"), tree, 8)
