@@ -18,7 +18,6 @@ head off (domino_lab.decoding.same_text), so a step's two counts differ only by 
 from __future__ import annotations
 
 import argparse
-import statistics
 import time
 
 from domino_lab.cli_flags import add_threads_arg

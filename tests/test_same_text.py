@@ -1,7 +1,6 @@
 """experiments/same_text.py: each step of a greedy Domino decode beside its backbone alone on the same text."""
 import json
 import runpy
-import sys
 from pathlib import Path
 
 import pytest
