@@ -93,3 +93,9 @@ def test_pair_steps_refuses_what_it_cannot_pair():
     tree = speculative_generate(target, domino, prompt="def f(x):", max_new_tokens=8, tree_nodes=8)
     with pytest.raises(ValueError, match="verified trees"):
         pair_steps(target, domino, target.encode("def f(x):"), tree, 8)
+    from domino_lab.models import InferenceOptions
+
+    copying = load_drafter("default", target, options=InferenceOptions(lookup=3))
+    res = speculative_generate(target, copying, prompt="def f(x):", max_new_tokens=8)
+    with pytest.raises(ValueError, match="lookup drafting and adaptive drafts off"):
+        pair_steps(target, copying, target.encode("def f(x):"), res, 8)

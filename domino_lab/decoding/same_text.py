@@ -46,6 +46,9 @@ def pair_steps(target, drafter, prompt_ids: list[int], result: GenerationResult,
         raise ValueError("pair_steps compares a drafter's head with its backbone alone; this drafter has no head")
     if any(s.tree_tokens is not None for s in result.steps):
         raise ValueError("pair_steps reads chain decodes; this one verified trees")
+    if drafter.options.lookup or drafter.options.adaptive_drafts:
+        # a step that copied text or took a plain step has no drafted block for the backbone to redo
+        raise ValueError("pair_steps compares drafted blocks; turn lookup drafting and adaptive drafts off")
     off_drafter = backbone_alone(drafter)
     text = list(prompt_ids) + list(result.token_ids)
     pairs = []
