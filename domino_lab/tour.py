@@ -167,6 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     import sys
+    import time
 
     args = build_parser().parse_args(argv)
     if args.max_new_tokens < 1:
@@ -222,7 +223,8 @@ def main(argv: list[str] | None = None) -> int:
     pairs = pair_steps(target, drafter, ids, domino, args.max_new_tokens, RECORD_TOPK)
     command = "python -m domino_lab.tour" + ("" if argv is None and len(sys.argv) < 2 else
                                              " " + " ".join(argv if argv is not None else sys.argv[1:]))
-    text = render(target, prompt, runs, pairs, machine_line(), command)
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    text = render(target, prompt, runs, pairs, f"{machine_line()}; {when}", command)
     if out is not None:
         with atomic_path(out) as tmp:
             tmp.write_text(text)

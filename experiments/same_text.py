@@ -11,7 +11,10 @@ head off (domino_lab.decoding.same_text), so a step's two counts differ only by 
   a 95% Student-t interval (the prompts are the independent units); steps where the head committed more / fewer;
 - the usual measurement beside it: the backbone alone decoding the prompt itself (its own text), and that ratio;
 - with --baseline (default `default-dflash`), that drafter's τ decoding the same prompts, and Domino's τ over it,
-  which is the head's same-text gain times its backbone's τ over the baseline's;
+  which is exactly Domino's τ over its backbone decoding alone times that backbone's τ over the baseline's (how
+  much the backbone trained under the head drafts worse or better alone than the baseline does).
+
+`--report DIR` decodes nothing: it recomputes DIR/same_text.{json,md} from the per-prompt counts saved there.
 - per draft slot, where the two blocks first differ: how often the head's draft there was accepted while the
   backbone's was rejected (the head fixed that slot), and the reverse (the head broke it).
 """
@@ -88,7 +91,7 @@ def summary(res: dict) -> dict:
     if all("baseline_steps" in r for r in rows):
         tau_base = sum(r["baseline_tokens"] for r in rows) / max(sum(r["baseline_steps"] for r in rows), 1)
         extra = {"tau_baseline": tau_base, "ratio_baseline": tau_on / tau_base,
-                 "backbone_over_baseline": tau_off / tau_base}
+                 "backbone_own_over_baseline": tau_own / tau_base}
     return {**extra, "prompts": len(rows), "steps": steps, "tau_on": tau_on, "tau_off_same_text": tau_off,
             "ratio_same_text": tau_on / tau_off, "diff_per_prompt": mean, "ci95": [lo, hi],
             "steps_more": sum(r["more"] for r in rows), "steps_fewer": sum(r["fewer"] for r in rows),
@@ -115,13 +118,15 @@ def report(results: dict, command: str, machine: str) -> str:
                      f"{s['tau_off_own_text']:.3f} | {s['ratio_own_text']:.3f} |")
     if results.get("baseline"):
         lines += ["", f"Against the baseline `{results['baseline']}` decoding the same prompts: Domino's τ over the "
-                  "baseline's is the head's gain on the same steps times its backbone's τ there over the baseline's.",
-                  "", "| set | τ baseline | Domino ÷ baseline | = head ÷ its backbone, same steps | × its backbone, same "
-                  "steps ÷ baseline |", "|---|---|---|---|---|"]
+                  "baseline's is Domino's τ over its backbone decoding alone times that backbone's τ over the "
+                  "baseline's. (The same-steps ratio above is not a factor of it: the head-on decode's steps start at "
+                  "other positions than a decode of the backbone alone, which moves τ by itself.)",
+                  "", "| set | τ baseline | Domino ÷ baseline | = Domino ÷ its backbone decoding alone | × its backbone "
+                  "decoding alone ÷ baseline |", "|---|---|---|---|---|"]
         for name, r in results["sets"].items():
             s = r["summary"]
             lines.append(f"| {name} | {s['tau_baseline']:.3f} | {s['ratio_baseline']:.3f} | "
-                         f"{s['ratio_same_text']:.3f} | {s['backbone_over_baseline']:.3f} |")
+                         f"{s['ratio_own_text']:.3f} | {s['backbone_own_over_baseline']:.3f} |")
     lines += ["", "Where the head's block first differs from the backbone's, by draft slot (1 = the first draft): "
               "fixed = the head's draft there was accepted and the backbone's would have been rejected; broke = the "
               "reverse; neither = both rejected at or before it.", "",
@@ -150,8 +155,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--limit", type=int, default=32, help="prompts per set")
     p.add_argument("--max-new-tokens", type=int, default=128)
     add_threads_arg(p)
-    p.add_argument("--out", required=True, help="folder for same_text.{md,json}")
+    p.add_argument("--out", help="folder for same_text.{md,json}")
+    p.add_argument("--report", metavar="DIR",
+                   help="decode nothing: recompute DIR/same_text.{json,md} from the per-prompt counts saved there")
     args = p.parse_args(argv)
+    if args.report:
+        return rewrite_report(args.report)
+    if not args.out:
+        raise UserError("--out is required (a folder for same_text.{md,json}), unless --report DIR")
     if min(args.limit, args.max_new_tokens) < 1:
         raise UserError("--limit and --max-new-tokens must be >= 1")
     out = check_out_dir(args.out)
@@ -170,7 +181,9 @@ def main(argv: list[str] | None = None) -> int:
         raise UserError(f"drafter {args.drafter!r} has no Domino head (method {drafter.config.method}); pass one "
                         "with a head (e.g. default)")
     baseline = None if args.baseline == "none" else load_drafter(args.baseline, target)
-    results = {"drafter": args.drafter, "baseline": None if baseline is None else args.baseline,
+    command = "python experiments/same_text.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    results = {"command": command.strip(), "machine": machine_line(),
+               "drafter": args.drafter, "baseline": None if baseline is None else args.baseline,
                "max_new_tokens": args.max_new_tokens, "slots": drafter.config.num_drafts,
                "sets": {}}
     t0 = time.perf_counter()
@@ -182,8 +195,28 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name}: τ {s['tau_on']:.3f} with the head, {s['tau_off_same_text']:.3f} without on the same steps "
               f"({s['ratio_same_text']:.3f}×), {s['tau_off_own_text']:.3f} decoding alone", file=sys.stderr)
     results["seconds"] = round(time.perf_counter() - t0, 1)
-    command = "python experiments/same_text.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    write_results(out, "same_text", results, report(results, command.strip(), machine_line()))
+    write_results(out, "same_text", results, report(results, results["command"], results["machine"]))
+    return 0
+
+
+def rewrite_report(folder: str) -> int:
+    """`--report DIR`: the summaries and the markdown again from DIR/same_text.json's per-prompt counts."""
+    import json
+    from pathlib import Path
+
+    from domino_lab.experiments.results import write_results
+
+    path = Path(folder) / "same_text.json"
+    try:
+        results = json.loads(path.read_text())
+        sets = results["sets"]
+        command, machine = results["command"], results["machine"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise UserError(f"--report {folder}: no same_text.json with per-prompt counts and the run's command to "
+                        f"recompute from ({type(e).__name__}: {e}); run the experiment with --out first") from None
+    for r in sets.values():
+        r["summary"] = summary(r)
+    write_results(folder, "same_text", results, report(results, command, machine))
     return 0
 
 

@@ -27,7 +27,7 @@ def test_counts_agree_with_each_other(tmp_path):
         assert s["ratio_same_text"] == pytest.approx(s["tau_on"] / s["tau_off_same_text"])
         # Domino over the baseline (default-dflash) splits into the head's same-text gain and its backbone's share
         assert all(p["baseline_tokens"] == 40 - 1 for p in r["per_prompt"])
-        assert s["ratio_baseline"] == pytest.approx(s["ratio_same_text"] * s["backbone_over_baseline"])
+        assert s["ratio_baseline"] == pytest.approx(s["ratio_own_text"] * s["backbone_own_over_baseline"])
         # a step gains from the head exactly where the blocks first differ at a slot the head fixed (and loses where
         # it broke one), except a last step that the budget cut short on both sides
         fixed = sum(c["fixed"] for c in r["slots"].values())
@@ -36,6 +36,10 @@ def test_counts_agree_with_each_other(tmp_path):
         assert more <= fixed <= more + 2 and fewer <= broke <= fewer + 2
         assert "0" not in r["slots"] or r["slots"]["0"]["fixed"] == r["slots"]["0"]["broke"] == 0
     md = (tmp_path / "same_text.md").read_text()
+    # --report recomputes the same tables from the saved counts
+    (tmp_path / "same_text.md").unlink()
+    _main()(["--report", str(tmp_path)])
+    assert (tmp_path / "same_text.md").read_text() == md
     assert "| math | 2 |" in md and "| code | 2 |" in md and "| 8 |" in md and "Against the baseline" in md
 
 
@@ -50,6 +54,7 @@ def test_without_a_baseline(tmp_path):
     (["--drafter", "default-dflash"], "has no Domino head"),
     (["--limit", "0"], "--limit and --max-new-tokens must be >= 1"),
     (["--sets", "nope"], "is not a known evaluation set"),
+    (["--report", "/nonexistent/x"], "--report /nonexistent/x: no same_text.json"),
 ])
 def test_bad_input_is_one_error_line(argv, message, tmp_path, capsys):
     from domino_lab.errors import run_cli
