@@ -195,17 +195,12 @@ def main(argv: list[str] | None = None) -> int:
 
     from . import Target, speculative_generate
     from .decoding.engine import RECORD_TOPK, prompt_token_ids
-    from .decoding.same_text import backbone_alone, pair_steps
-    from .models import load_drafter
+    from .decoding.same_text import backbone_alone, load_with_baseline, pair_steps
     from .target import machine_line, use_decode_threads
 
     target = Target.from_pretrained(args.target, dtype="float32")
     use_decode_threads(target, args.threads)
-    drafter = load_drafter(args.drafter, target)
-    if not drafter.has_head:
-        raise UserError(f"drafter {args.drafter!r} has no Domino head (method {drafter.config.method}); the tour "
-                        "compares a head with its backbone alone: pass a Domino drafter (e.g. default)")
-    baseline = None if args.baseline == "none" else load_drafter(args.baseline, target)
+    drafter, baseline = load_with_baseline(target, args.drafter, args.baseline)
     ids = prompt_token_ids(target, prompt)
     gen = dict(prompt_ids=ids, max_new_tokens=args.max_new_tokens, topk=RECORD_TOPK)
     ways = {"plain": None, f"Domino ({args.drafter})": drafter,

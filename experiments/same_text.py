@@ -170,17 +170,13 @@ def main(argv: list[str] | None = None) -> int:
     from domino_lab import Target
     from domino_lab.data.eval_sets import load_eval_set
     from domino_lab.experiments.results import write_results
-    from domino_lab.models import load_drafter
+    from domino_lab.decoding.same_text import load_with_baseline
     from domino_lab.target import machine_line, use_decode_threads
 
     sets = {s: load_eval_set(s, limit=args.limit) for s in args.sets}
     target = Target.from_pretrained(args.target, dtype="float32")
     use_decode_threads(target, args.threads)
-    drafter = load_drafter(args.drafter, target)
-    if not drafter.has_head:
-        raise UserError(f"drafter {args.drafter!r} has no Domino head (method {drafter.config.method}); pass one "
-                        "with a head (e.g. default)")
-    baseline = None if args.baseline == "none" else load_drafter(args.baseline, target)
+    drafter, baseline = load_with_baseline(target, args.drafter, args.baseline)
     command = "python experiments/same_text.py " + " ".join(argv if argv is not None else sys.argv[1:])
     results = {"command": command.strip(), "machine": machine_line(),
                "drafter": args.drafter, "baseline": None if baseline is None else args.baseline,

@@ -29,6 +29,19 @@ class StepPair:
         return self.on.acceptance_length - self.off.acceptance_length
 
 
+def load_with_baseline(target, spec: str, baseline: str | None):
+    """The drafter `spec` names, which must have a head (one UserError otherwise), and the `baseline` drafter to
+    compare it with (None or 'none': no baseline), both for `target`."""
+    from ..errors import UserError
+    from ..models import load_drafter
+
+    drafter = load_drafter(spec, target)
+    if not drafter.has_head:
+        raise UserError(f"drafter {spec!r} has no Domino head (method {drafter.config.method}); the comparison is "
+                        "of a head with its backbone alone: pass a drafter with a head (e.g. default)")
+    return drafter, None if baseline in (None, "none") else load_drafter(baseline, target)
+
+
 def backbone_alone(drafter):
     """The drafter with its head switched off: a shallow copy sharing its weights, so the caller's drafter (which
     other decodes may be using) is left as it is."""
