@@ -138,9 +138,9 @@ def render(target, prompt: str, runs: dict, pairs: list[StepPair], machine: str,
               "text and move from run to run; `python -m domino_lab.bench` measures them properly (many prompts, "
               "interleaved).", "",
               "## Next", "",
-              "- `python -m domino_lab.tour --set humaneval --index 3` (or `--prompt TEXT`): another text; the "
-              "head helps most where one draft decides the next (numbers, names), least where the backbone's "
-              "slots are already consistent.",
+              "- `python -m domino_lab.tour --set humaneval --index 3` (or `--prompt TEXT`): another text. "
+              "`python experiments/same_text.py` counts the same thing over whole prompt sets, with the slots "
+              "where the head fixes or breaks a draft.",
               "- `python -m app`: the same steps live in the browser, every block coloured by accepted, rejected "
               "and bonus tokens, with the base and corrected logits of any draft.",
               "- `python -m domino_lab.bench`: tokens/s and τ over whole prompt sets, every method interleaved.",
