@@ -99,3 +99,18 @@ def test_pair_steps_refuses_what_it_cannot_pair():
     res = speculative_generate(target, copying, prompt="def f(x):", max_new_tokens=8)
     with pytest.raises(ValueError, match="lookup drafting and adaptive drafts off"):
         pair_steps(target, copying, target.encode("def f(x):"), res, 8)
+
+
+def test_the_tour_runs_on_a_hugging_face_target_directory(tmp_path, capsys):
+    """Any local HF causal LM with a fresh drafter: the tour needs no shipped asset, and its texts stay lossless."""
+    from core_helpers import make_target_dir
+
+    tdir = make_target_dir(tmp_path / "target")
+    code, out, err = run(["--target", str(tdir), "--drafter", "untrained:domino:block_size=4", "--baseline",
+                          "untrained:dflash:block_size=4", "--prompt", "def add(a, b):", "--max-new-tokens", "12"],
+                         capsys)
+    assert code == 0, err
+    rows = [line for line in out.splitlines() if line.startswith("| ") and line.count("|") == 6
+            and not line.startswith("| decoding") and "---" not in line]
+    assert len(rows) == 4 and [r.split("|")[5].strip() for r in rows[1:]] == ["yes"] * 3
+    assert "| slot | backbone alone |" in out and "| 4 |" in out.split("| slot | backbone alone |")[1]
