@@ -525,8 +525,10 @@ def weights_line(weights_mb: dict, cache: tuple[int, float] | None) -> str:
     """The models' weights against the processor's last-level cache: a speculative decode alternates the target
     and a drafter, so whether both fit in that cache changes what a draft step costs after a verify
     (docs/design.md#cpu-caches)."""
+    from .target import cache_size
+
     parts = ", ".join(f"{k} {v:.1f} MB" for k, v in weights_mb.items())
-    where = (f"this processor's last-level cache (L{cache[0]}) holds {cache[1]:g} MB" if cache else
+    where = (f"this processor's last-level cache (L{cache[0]}) holds {cache_size(cache[1])}" if cache else
              "the OS reports no cache size")
     return f"Weights: {parts}; {where} (docs/design.md#cpu-caches)."
 

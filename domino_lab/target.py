@@ -126,8 +126,12 @@ def cpu_description() -> str:
     cache = last_level_cache()
     if cache is None:
         return name
-    level, mib = cache
-    return f"{name}, L{level} " + (f"{mib:g} MB" if mib >= 1 else f"{mib * 1024:g} KB")
+    return f"{name}, L{cache[0]} {cache_size(cache[1])}"
+
+
+def cache_size(mib: float) -> str:
+    """A cache size as the OS states it: "32 MB", "512 KB"."""
+    return f"{mib:g} MB" if mib >= 1 else f"{mib * 1024:g} KB"
 
 
 def cpu_line() -> str:

@@ -21,10 +21,13 @@ if TYPE_CHECKING:
     from .decoding.same_text import StepPair
 
 
+def _code(text: str) -> str:
+    """Text as inline code in a markdown table: escapes visible, no backtick or cell separator inside."""
+    return "`" + repr(text)[1:-1].replace("`", "'").replace("|", "\\|") + "`"
+
+
 def _tok(target, i: int | None) -> str:
-    if i is None:
-        return "—"
-    return "`" + repr(target.decode([i]))[1:-1].replace("`", "'") + "`"
+    return "—" if i is None else _code(target.decode([i]))
 
 
 def _steps(n: int) -> str:
@@ -74,23 +77,22 @@ def logits_table(target, step, slots: int) -> str:
 
 def same_text_summary(pairs: list[StepPair]) -> str:
     """What the head added over a decode's steps, each against its backbone alone on the same text, in a sentence."""
-    more = sum(p.gain > 0 for p in pairs)
-    fewer = sum(p.gain < 0 for p in pairs)
-    on_total = sum(p.on.acceptance_length for p in pairs)
-    off_total = sum(p.off.acceptance_length for p in pairs)
-    return (f"Each of the {len(pairs)} steps of the Domino decode was drafted again from the same text with the head "
-            f"off. With the head these steps committed {on_total} tokens, without it {off_total} "
-            f"({on_total / max(off_total, 1):.2f}×). The head committed more in {_steps(more)}, fewer in "
-            f"{_steps(fewer)}, the same in {_steps(len(pairs) - more - fewer)}.")
+    from .decoding.same_text import tally
+
+    t = tally(pairs)
+    return (f"Each of the {t['steps']} steps of the Domino decode was drafted again from the same text with the head "
+            f"off. With the head these steps committed {t['on_tokens']} tokens, without it {t['off_tokens']} "
+            f"({t['on_tokens'] / max(t['off_tokens'], 1):.2f}×). The head committed more in {_steps(t['more'])}, "
+            f"fewer in {_steps(t['fewer'])}, the same in {_steps(t['steps'] - t['more'] - t['fewer'])}.")
 
 
 def steps_table(target, pairs: list[StepPair]) -> str:
     """One row per step of the Domino decode: the text it committed and its tokens with and without the head."""
     rows = ["| step | text committed with the head | with the head | backbone alone |", "|---|---|---|---|"]
     for p in pairs:
-        text = repr(target.decode(p.on.committed))[1:-1].replace("`", "'").replace("|", "\\|")
         mark = " (+)" if p.gain > 0 else " (−)" if p.gain < 0 else ""
-        rows.append(f"| {p.index + 1} | `{text}` | {p.on.acceptance_length}{mark} | {p.off.acceptance_length} |")
+        rows.append(f"| {p.index + 1} | {_code(target.decode(p.on.committed))} | {p.on.acceptance_length}{mark} | "
+                    f"{p.off.acceptance_length} |")
     return "\n".join(rows)
 
 

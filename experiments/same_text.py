@@ -48,7 +48,7 @@ def measure(target, drafter, prompts: list[dict], max_new_tokens: int, baseline=
     outcomes."""
     from domino_lab import speculative_generate
     from domino_lab.decoding.engine import prompt_token_ids
-    from domino_lab.decoding.same_text import backbone_alone, pair_steps
+    from domino_lab.decoding.same_text import backbone_alone, pair_steps, tally
 
     off_drafter = backbone_alone(drafter)
     rows, slots = [], {}
@@ -65,13 +65,10 @@ def measure(target, drafter, prompts: list[dict], max_new_tokens: int, baseline=
             j, what = first_difference(pair)
             if j is not None:
                 slots.setdefault(j, {"fixed": 0, "broke": 0, "neither": 0})[what] += 1
-        rows.append({"id": p["id"], "steps": len(pairs),
-                     "on_tokens": sum(q.on.acceptance_length for q in pairs),
-                     "off_tokens": sum(q.off.acceptance_length for q in pairs),
-                     "more": sum(q.gain > 0 for q in pairs), "fewer": sum(q.gain < 0 for q in pairs),
-                     "own_steps": len(own.steps), "own_tokens": sum(s.acceptance_length for s in own.steps),
-                     **({"baseline_steps": len(base.steps),
-                         "baseline_tokens": sum(s.acceptance_length for s in base.steps)} if base else {})})
+        rows.append({"id": p["id"], **tally(pairs),
+                     "own_steps": len(own.steps), "own_tokens": sum(own.acceptance_lengths),
+                     **({"baseline_steps": len(base.steps), "baseline_tokens": sum(base.acceptance_lengths)}
+                        if base else {})})
     return {"per_prompt": rows, "slots": {j: slots[j] for j in sorted(slots)}}
 
 

@@ -29,6 +29,14 @@ class StepPair:
         return self.on.acceptance_length - self.off.acceptance_length
 
 
+def tally(pairs: list[StepPair]) -> dict:
+    """The pairs' totals: steps, tokens committed with the head and by the backbone alone, and the steps where the
+    head committed more or fewer."""
+    return {"steps": len(pairs), "on_tokens": sum(p.on.acceptance_length for p in pairs),
+            "off_tokens": sum(p.off.acceptance_length for p in pairs),
+            "more": sum(p.gain > 0 for p in pairs), "fewer": sum(p.gain < 0 for p in pairs)}
+
+
 def load_with_baseline(target, spec: str, baseline: str | None):
     """The drafter `spec` names, which must have a head (one UserError otherwise), and the `baseline` drafter to
     compare it with (None or 'none': no baseline), both for `target`."""
