@@ -136,3 +136,15 @@ def experiment_script(name: str):
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+def run_main(main, argv, capsys) -> tuple[int, str, str]:
+    """A CLI's `main` run as the command line runs it (errors.run_cli): its exit code, stdout and stderr."""
+    import pytest
+
+    from domino_lab.errors import run_cli
+
+    with pytest.raises(SystemExit) as e:
+        run_cli(main, argv)
+    out = capsys.readouterr()
+    return e.value.code, out.out, out.err

@@ -6,9 +6,8 @@ import sys
 import pytest
 
 from domino_lab import Drafter, Target
-from domino_lab.errors import run_cli
 from domino_lab.generate import main
-from core_helpers import make_target_dir
+from core_helpers import make_target_dir, run_main
 
 
 @pytest.fixture(scope="module")
@@ -17,10 +16,7 @@ def tdir(tmp_path_factory):
 
 
 def run(argv, capsys):
-    with pytest.raises(SystemExit) as e:
-        run_cli(main, argv)
-    out = capsys.readouterr()
-    return e.value.code, out.out, out.err
+    return run_main(main, argv, capsys)
 
 
 def test_json_contract_and_lossless(tdir, capsys):

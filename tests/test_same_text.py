@@ -57,10 +57,8 @@ def test_without_a_baseline(tmp_path):
     (["--report", "/nonexistent/x"], "--report /nonexistent/x: no same_text.json"),
 ])
 def test_bad_input_is_one_error_line(argv, message, tmp_path, capsys):
-    from domino_lab.errors import run_cli
+    from core_helpers import run_main
 
-    with pytest.raises(SystemExit) as e:
-        run_cli(_main(), argv + ["--out", str(tmp_path / "o")])
-    err = capsys.readouterr().err
-    assert e.value.code == 2 and err.count("\n") == 1 and message in err, err
+    code, _, err = run_main(_main(), argv + ["--out", str(tmp_path / "o")], capsys)
+    assert code == 2 and err.count("\n") == 1 and message in err, err
     assert not (tmp_path / "o").exists()

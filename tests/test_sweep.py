@@ -10,10 +10,10 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
-from domino_lab.errors import UserError, run_cli
+from domino_lab.errors import UserError
 from domino_lab.sweep.__main__ import main
 from domino_lab.sweep.storage import sweep_storage
-from core_helpers import tiny_sweep_yaml, tiny_target
+from core_helpers import run_main, tiny_sweep_yaml, tiny_target
 
 
 @pytest.fixture(scope="module")
@@ -23,10 +23,7 @@ def sweep_yaml(tmp_path_factory):
 
 
 def run(argv, capsys):
-    with pytest.raises(SystemExit) as e:
-        run_cli(main, argv)
-    out = capsys.readouterr()
-    return e.value.code, out.out, out.err
+    return run_main(main, argv, capsys)
 
 
 def test_sweep_runs_resumes_and_tracks(sweep_yaml, capsys):

@@ -4,17 +4,14 @@ import re
 import pytest
 
 from domino_lab import Target, speculative_generate
-from domino_lab.errors import run_cli
+from core_helpers import run_main
 from domino_lab.models import load_drafter
 from domino_lab.decoding.same_text import pair_steps
 from domino_lab.tour import main
 
 
 def run(argv, capsys):
-    with pytest.raises(SystemExit) as e:
-        run_cli(main, argv)
-    out = capsys.readouterr()
-    return e.value.code, out.out, out.err
+    return run_main(main, argv, capsys)
 
 
 def test_the_tour_shows_a_lossless_decode_and_its_best_step(tmp_path, capsys):
