@@ -12,11 +12,11 @@ head off (domino_lab.decoding.same_text), so a step's two counts differ only by 
 - the usual measurement beside it: the backbone alone decoding the prompt itself (its own text), and that ratio;
 - with --baseline (default `default-dflash`), that drafter's τ decoding the same prompts, and Domino's τ over it,
   which is exactly Domino's τ over its backbone decoding alone times that backbone's τ over the baseline's (how
-  much the backbone trained under the head drafts worse or better alone than the baseline does).
-
-`--report DIR` decodes nothing: it recomputes DIR/same_text.{json,md} from the per-prompt counts saved there.
+  much the backbone trained under the head drafts worse or better alone than the baseline does);
 - per draft slot, where the two blocks first differ: how often the head's draft there was accepted while the
   backbone's was rejected (the head fixed that slot), and the reverse (the head broke it).
+
+`--report DIR` decodes nothing: it recomputes DIR/same_text.{json,md} from the per-prompt counts saved there.
 """
 from __future__ import annotations
 
@@ -76,10 +76,10 @@ def summary(res: dict) -> dict:
     from domino_lab.evaluate import t_interval
 
     rows = [r for r in res["per_prompt"] if r["steps"] > 0 and r["own_steps"] > 0]
-    steps = sum(r["steps"] for r in rows)
     if not rows:
         raise UserError("no prompt of the set took a verify step (each text ended at its first token); use other "
                         "prompts or more --max-new-tokens")
+    steps = sum(r["steps"] for r in rows)
     tau_on = sum(r["on_tokens"] for r in rows) / steps
     tau_off = sum(r["off_tokens"] for r in rows) / steps
     tau_own = sum(r["own_tokens"] for r in rows) / sum(r["own_steps"] for r in rows)

@@ -1,15 +1,13 @@
 """experiments/same_text.py: each step of a greedy Domino decode beside its backbone alone on the same text."""
 import json
-import runpy
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from core_helpers import experiment_script, run_main
 
 
 def _main():
-    return runpy.run_path(str(ROOT / "experiments" / "same_text.py"))["main"]
+    return experiment_script("same_text").main
 
 
 def test_counts_agree_with_each_other(tmp_path):
@@ -57,8 +55,6 @@ def test_without_a_baseline(tmp_path):
     (["--report", "/nonexistent/x"], "--report /nonexistent/x: no same_text.json"),
 ])
 def test_bad_input_is_one_error_line(argv, message, tmp_path, capsys):
-    from core_helpers import run_main
-
     code, _, err = run_main(_main(), argv + ["--out", str(tmp_path / "o")], capsys)
     assert code == 2 and err.count("\n") == 1 and message in err, err
     assert not (tmp_path / "o").exists()

@@ -4,10 +4,10 @@ import re
 import pytest
 
 from domino_lab import Target, speculative_generate
-from core_helpers import run_main
-from domino_lab.models import load_drafter
 from domino_lab.decoding.same_text import pair_steps
+from domino_lab.models import load_drafter
 from domino_lab.tour import main
+from core_helpers import run_main
 
 
 def run(argv, capsys):
