@@ -579,15 +579,51 @@ def test_head_only_training_keeps_the_backbone(tiny, tmp_path):
     assert one["tau"] == pytest.approx(batched["tau"]) and batched["verify_ms"] > 0
 
 
+def test_backbone_only_training_keeps_the_head(tiny, tmp_path):
+    """optim.train=backbone on a domino source: the head comes out bit-identical to the source's, the backbone
+    trains. A source without a head (dflash) or a drafter without one is refused before any step."""
+    from safetensors.torch import load_file
+
+    from domino_lab.target import Target
+    from domino_lab.train import train
+    from domino_lab.training.config import drafter_config
+    from domino_lab.training.module import DrafterModule
+
+    target = Target.from_pretrained(tiny[0])
+    src = Drafter.untrained(target, "domino", seed=5, rank=16, gru_hidden=32)
+    src.save_pretrained(tmp_path / "src")
+    args = base_args(tiny, tmp_path / "run", steps=6, every=6) + [
+        f"drafter.init_from={tmp_path / 'src'}", "optim.train=backbone", "eval.tau_prompts=2"]
+    res = train(load_config(TrainConfig, None, args), target=target)
+    out = load_file(str(Path(res["final_dir"]) / "model.safetensors"))
+    before = src.state_dict()
+    heads = [k for k in before if k.startswith("head.")]
+    assert heads and all(torch.equal(out[k].to(before[k].dtype), before[k]) for k in heads)
+    moved = [k for k in before if not k.startswith("head.") and before[k].is_floating_point()
+             and not torch.equal(out[k].to(before[k].dtype), before[k])]
+    assert any(k.startswith("backbone.") for k in moved), moved
+
+    Drafter.untrained(target, "dflash").save_pretrained(tmp_path / "flat")
+    cfg = load_config(TrainConfig, None, base_args(tiny, tmp_path / "a") + [
+        f"drafter.init_from={tmp_path / 'flat'}", "optim.train=backbone", "drafter.method=domino"])
+    with pytest.raises(UserError, match="optim.train=backbone freezes the head.*no head of this shape"):
+        DrafterModule(cfg, drafter_config(cfg.drafter, target), target)
+    cfg = load_config(TrainConfig, None, base_args(tiny, tmp_path / "b") + [
+        f"drafter.init_from={tmp_path / 'flat'}", "optim.train=backbone", "drafter.method=dflash"])
+    with pytest.raises(UserError, match="optim.train=backbone needs a drafter with a head"):
+        DrafterModule(cfg, drafter_config(cfg.drafter, target), target)
+
+
 def test_head_only_and_warm_start_errors(tiny, tmp_path):
     from domino_lab.target import Target
     from domino_lab.training.config import drafter_config
     from domino_lab.training.module import DrafterModule
 
     with pytest.raises(UserError, match="optim.train must be one of"):
-        load_config(TrainConfig, None, ["optim.train=backbone"])
-    with pytest.raises(UserError, match="set drafter.init_from"):
-        load_config(TrainConfig, None, ["optim.train=head"])
+        load_config(TrainConfig, None, ["optim.train=everything"])
+    for part in ("head", "backbone"):
+        with pytest.raises(UserError, match=f"optim.train={part} freezes .* set drafter.init_from"):
+            load_config(TrainConfig, None, [f"optim.train={part}"])
     target = Target.from_pretrained(tiny[0])
     Drafter.untrained(target, "domino", rank=8).save_pretrained(tmp_path / "dom")
     # a dflash drafter has no head to train

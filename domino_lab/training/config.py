@@ -119,7 +119,7 @@ class LossOptions:
     soft_weight: float = 0.0
 
 
-TRAIN_PARTS = ("all", "head")
+TRAIN_PARTS = ("all", "head", "backbone")
 # Lightning's precision names this project trains with: mixed precision computes the drafter's matmuls in 16 bits
 # and keeps float32 weights and optimiser state (the target always runs at its own dtype: training/module.py)
 PRECISIONS = ("32-true", "bf16-mixed", "16-mixed", "64-true")
@@ -132,9 +132,10 @@ class OptimOptions:
     warmup_ratio: float = 0.04
     grad_clip: float = 1.0
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
-    # what the optimiser trains: "all" (the whole drafter) or "head" (the Domino head only, the backbone frozen
+    # what the optimiser trains: "all" (the whole drafter), "head" (the Domino head only, the backbone frozen
     # as drafter.init_from gave it: head-only sweeps on a trained backbone are several times cheaper per step and
-    # measure the head's knobs instead of how far a fresh backbone got)
+    # measure the head's knobs instead of how far a fresh backbone got) or "backbone" (everything but the head,
+    # which keeps drafter.init_from's weights: a fine-tune on new data that the head does not re-fit to)
     train: str = "all"
 
 
@@ -242,6 +243,9 @@ class TrainConfig:
         if o.train == "head" and not self.drafter.init_from:
             raise UserError("optim.train=head freezes the backbone, which would stay random; set drafter.init_from "
                             "to a trained drafter (e.g. default-dflash)")
+        if o.train == "backbone" and not self.drafter.init_from:
+            raise UserError("optim.train=backbone freezes the head, which would stay random; set drafter.init_from "
+                            "to a trained domino drafter (e.g. default)")
         e = self.eval
         check_int(e.every_n_steps, "eval.every_n_steps", 1)
         check_int(e.val_batches, "eval.val_batches", 0)

@@ -41,8 +41,8 @@ class DrafterModule(pl.LightningModule):
             src = Drafter.from_pretrained(cfg.drafter.init_from, target)   # checks it fits the target
             self.warm_started = warm_start(self.drafter, src, head=cfg.optim.train != "head",
                                            name=cfg.drafter.init_from)
-        if cfg.optim.train == "head":
-            freeze_backbone(self.drafter)
+        if cfg.optim.train != "all":
+            train_only(self.drafter, cfg.optim.train, self.warm_started)
 
     def attach_target(self, target) -> None:
         """The target is frozen and never saved in checkpoints: keep it outside the module tree."""
@@ -200,18 +200,23 @@ def _head_keys(drafter) -> set[str]:
     return {k for k in drafter.state_dict() if names and k.split(".", 1)[0] == names[0]}
 
 
-def freeze_backbone(drafter) -> None:
+def train_only(drafter, part: str, warm_started: set[str] = frozenset()) -> None:
     """optim.train=head: only the Domino head trains. Nothing upstream of the head then needs a gradient, so
-    autograd records no backbone operation (the backbone's forward costs what it costs under no_grad)."""
+    autograd records no backbone operation (the backbone's forward costs what it costs under no_grad).
+    optim.train=backbone: the head keeps the weights drafter.init_from gave it and the rest trains, to fine-tune
+    the backbone on new data without the head re-fitting to it (docs/design.md#frozen-head)."""
     from ..errors import UserError
 
     head = drafter.body_parts().get("head") if drafter.has_head else None
     if head is None:
-        raise UserError(f"optim.train=head needs a drafter with a head (method domino), not "
+        raise UserError(f"optim.train={part} needs a drafter with a head (method domino), not "
                         f"'{drafter.config.method}'")
-    keep = {id(p) for p in head.parameters()}
+    if part == "backbone" and not _head_keys(drafter) <= set(warm_started):
+        raise UserError("optim.train=backbone freezes the head, which would stay as initialised: drafter.init_from "
+                        "has no head of this shape; warm-start from a domino drafter with the same rank/gru_hidden")
+    in_head = {id(p) for p in head.parameters()}
     for p in drafter.parameters():
-        p.requires_grad_(id(p) in keep)
+        p.requires_grad_((id(p) in in_head) == (part == "head"))
 
 
 @torch.no_grad()
