@@ -5,10 +5,15 @@
 
 `NAME=SPEC` where SPEC is a checkpoint dir, a shipped name, or `SPEC:head-off` (same model, Domino head off).
 The first drafter is compared with each other one, prompt by prompt (τ_a − τ_b, 95% CI, wins/losses).
+
+Where every drafter must reproduce plain decoding token for token (greedy; or the gumbel sampler with one sample per
+prompt), each set is also decoded once without a drafter and every drafter's output is checked against it: the
+"equal to plain" column, `lossless` in the JSON, and exit status 1 with one line per drafter that differs.
 """
 from __future__ import annotations
 
 import argparse
+import sys
 
 from domino_lab.data.eval_sets import load_eval_set
 from domino_lab.cli_flags import add_sampler_arg
@@ -34,14 +39,25 @@ def main(argv=None) -> int:
     target = Target.from_pretrained(args.target)
     drafters = named_drafters(args.drafter, target)
     results = {**run_record(), "drafters": drafter_provenance(args.drafter), "sets": {}}
-    lines = ["| set | drafter | τ | paired Δτ vs first (95% CI) | wins/losses | accept per position | draft ms |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| set | drafter | τ | paired Δτ vs first (95% CI) | wins/losses | accept per position | draft ms | "
+             "equal to plain |", "|---|---|---|---|---|---|---|---|"]
     names = list(drafters)
+    # token for token only where speculative decoding is lossless per text, not just in distribution
+    check = args.temperature == 0 or (args.sampler == "gumbel" and args.samples == 1)
+    lossy = []
     for s in args.sets:
         prompts = load_eval_set(s, limit=args.limit)
-        res = {n: evaluate(target, d, prompts, args.max_new_tokens, args.temperature, progress=True,
-                            samples=args.samples, sampler=args.sampler)
-               for n, d in drafters.items()}
+        kw = dict(temperature=args.temperature, samples=args.samples, sampler=args.sampler, keep_ids=check)
+        plain = evaluate(target, None, prompts, args.max_new_tokens, **kw) if check else None
+        res = {n: evaluate(target, d, prompts, args.max_new_tokens, progress=True, **kw) for n, d in drafters.items()}
+        if check:
+            for n, r in res.items():
+                bad = [row["id"] for row, ref in zip(r["per_prompt"], plain["per_prompt"])
+                       if row.pop("token_ids") != ref["token_ids"]]
+                r["lossless"] = {"equal": len(prompts) - len(bad), "total": len(prompts), "mismatch_prompts": bad}
+                if bad:
+                    lossy.append(f"{n} on {s}: {len(bad)} of {len(prompts)} outputs differ from plain decoding "
+                                 f"(first: {bad[0]})")
         results["sets"][s] = {n: r for n, r in res.items()}
         for n in names:
             pr = paired(res[names[0]], res[n]) if n != names[0] else None
@@ -49,11 +65,16 @@ def main(argv=None) -> int:
             cmp = (f"{pr['mean_diff']:+.3f} ({pr['ci95'][0]:+.3f}, {pr['ci95'][1]:+.3f}); ratio {pr['ratio']:.3f}"
                    if pr else "–")
             wl = f"{pr['wins']}/{pr['losses']}" if pr else "–"
-            lines.append(f"| {s} | {n} | {res[n]['tau']:.3f} | {cmp} | {wl} | {pos} | {res[n]['draft_ms']:.2f} |")
+            ll = res[n].get("lossless")
+            eq = f"{ll['equal']}/{ll['total']}" if ll else "–"
+            lines.append(f"| {s} | {n} | {res[n]['tau']:.3f} | {cmp} | {wl} | {pos} | {res[n]['draft_ms']:.2f} | "
+                         f"{eq} |")
             if pr:
                 results["sets"][s][f"paired_{names[0]}_vs_{n}"] = pr
     save_results(args.out, results, lines)
-    return 0
+    for line in lossy:
+        print(f"error: not lossless: {line}", file=sys.stderr)
+    return 1 if lossy else 0
 
 
 if __name__ == "__main__":

@@ -85,6 +85,39 @@ def test_compare_drafters_script_with_samples(tmp_path):
     assert not (tmp_path / "bad.json").exists()
 
 
+def test_compare_drafters_checks_every_greedy_output_against_plain_decoding(tmp_path, monkeypatch, capsys):
+    """Greedy: each set is decoded once without a drafter and every drafter's output is compared with it, token for
+    token (the "equal to plain" column, `lossless` in the JSON; the ids themselves are not kept). A drafter whose
+    output differs makes the script say which, on which set, and exit 1, with the results still written."""
+    out = tmp_path / "cmp.json"
+    argv = ["--drafter", "domino=default", "--drafter", "off=default:head-off", "--sets", "humaneval", "--limit", "2",
+            "--max-new-tokens", "24"]
+    done = subprocess.run([sys.executable, str(ROOT / "experiments" / "compare_drafters.py"), *argv, "--out",
+                           str(out)], capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    res = json.loads(out.read_text())["sets"]["humaneval"]
+    for name in ("domino", "off"):
+        assert res[name]["lossless"] == {"equal": 2, "total": 2, "mismatch_prompts": []}
+        assert all("token_ids" not in row for row in res[name]["per_prompt"])
+    assert out.with_suffix(".md").read_text().count("| 2/2 |") == 2
+
+    cmp = _script("compare_drafters")
+    real = cmp.evaluate
+
+    def one_token_off(target, drafter, prompts, *a, **kw):
+        r = real(target, drafter, prompts, *a, **kw)
+        if drafter is not None and drafter.uses_head:          # "domino", not its head-off twin
+            r["per_prompt"][1]["token_ids"] = r["per_prompt"][1]["token_ids"][:-1] + [0]
+        return r
+
+    monkeypatch.setattr(cmp, "evaluate", one_token_off)
+    assert cmp.main([*argv, "--out", str(tmp_path / "bad.json")]) == 1
+    err = capsys.readouterr().err
+    assert "not lossless: domino on humaneval: 1 of 2 outputs differ" in err and "off on" not in err
+    saved = json.loads((tmp_path / "bad.json").read_text())["sets"]["humaneval"]
+    assert saved["domino"]["lossless"]["equal"] == 1 and saved["off"]["lossless"]["equal"] == 2
+
+
 def _script(name: str):
     import importlib.util
 
