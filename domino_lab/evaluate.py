@@ -45,6 +45,19 @@ def evaluate(target, drafter, prompts: list[dict], max_new_tokens: int = 128, te
             "draft_ms": tally.draft_ms or 0.0, "verify_ms": tally.verify_ms or 0.0}
 
 
+def must_equal_plain(temperature: float, sampler: str, samples: int = 1) -> bool:
+    """Whether every drafter's output must be plain decoding's, token for token: greedy, or the gumbel sampler with one
+    sampling seed per prompt (the seed then fixes the text); the rejection sampler is lossless in distribution only."""
+    return temperature <= 0 or (sampler == "gumbel" and samples == 1)
+
+
+def differing_prompts(res: dict, plain: dict) -> list:
+    """Ids of the prompts whose output in `res` differs from plain decoding's (`plain`: evaluate with drafter None);
+    both evaluated with keep_ids=True."""
+    ref = {p["id"]: p["token_ids"] for p in plain["per_prompt"]}
+    return [p["id"] for p in res["per_prompt"] if p["token_ids"] != ref[p["id"]]]
+
+
 def t_interval(xs: list[float]) -> tuple[float, float, float]:
     """The mean of xs and its 95% Student-t interval (len(xs) - 1 degrees of freedom; NaN ends for one value). At
     laptop scale n is 12-32 prompts, where the normal 1.96 would cover ~92-94% instead of 95%."""

@@ -18,7 +18,8 @@ import sys
 from domino_lab.data.eval_sets import load_eval_set
 from domino_lab.cli_flags import add_sampler_arg
 from domino_lab.errors import CliParser, check_out_file, run_cli
-from domino_lab.evaluate import drafter_provenance, evaluate, named_drafters, paired, run_record, save_results
+from domino_lab.evaluate import (differing_prompts, drafter_provenance, evaluate, must_equal_plain, named_drafters,
+                                 paired, run_record, save_results)
 from domino_lab.target import Target
 
 
@@ -42,8 +43,7 @@ def main(argv=None) -> int:
     lines = ["| set | drafter | τ | paired Δτ vs first (95% CI) | wins/losses | accept per position | draft ms | "
              "equal to plain |", "|---|---|---|---|---|---|---|---|"]
     names = list(drafters)
-    # token for token only where speculative decoding is lossless per text, not just in distribution
-    check = args.temperature == 0 or (args.sampler == "gumbel" and args.samples == 1)
+    check = must_equal_plain(args.temperature, args.sampler, args.samples)
     lossy = []
     for s in args.sets:
         prompts = load_eval_set(s, limit=args.limit)
@@ -52,8 +52,8 @@ def main(argv=None) -> int:
         res = {n: evaluate(target, d, prompts, args.max_new_tokens, progress=True, **kw) for n, d in drafters.items()}
         if check:
             for n, r in res.items():
-                bad = [row["id"] for row, ref in zip(r["per_prompt"], plain["per_prompt"])
-                       if row.pop("token_ids") != ref["token_ids"]]
+                bad = differing_prompts(r, plain)
+                r["per_prompt"] = [{k: x for k, x in p.items() if k != "token_ids"} for p in r["per_prompt"]]
                 r["lossless"] = {"equal": len(prompts) - len(bad), "total": len(prompts), "mismatch_prompts": bad}
                 if bad:
                     lossy.append(f"{n} on {s}: {len(bad)} of {len(prompts)} outputs differ from plain decoding "

@@ -63,7 +63,7 @@ def measure(spec: ExperimentSpec, trained: dict, sets: dict, quick: bool, progre
             threads: int | None = None) -> dict:
     """results[set][str(T)][variant][str(seed)] = evaluate() result + speedup, tok_s, lossless, over `sets`
     (`eval_prompts`)."""
-    from ..evaluate import evaluate
+    from ..evaluate import differing_prompts, evaluate, must_equal_plain
     from ..target import Target, use_decode_threads
 
     targets = {r.config.get("target", "default") for r in trained.values() if r.config}
@@ -77,8 +77,7 @@ def measure(spec: ExperimentSpec, trained: dict, sets: dict, quick: bool, progre
     results: dict = {}
     for s, prompts in sets.items():
         for temp in spec.temperatures:
-            # greedy, or the gumbel sampler (the seed fixes the text): every variant must emit plain decoding's tokens
-            checked = temp <= 0 or spec.sampler == "gumbel"
+            checked = must_equal_plain(temp, spec.sampler)
             print(f"[experiments] {s} T={temp}: {len(prompts)} prompts, {max_new} new tokens", file=sys.stderr)
             ar = evaluate(target, None, prompts, max_new, temp, progress=progress, keep_ids=checked,
                           sampler=spec.sampler)
@@ -96,9 +95,8 @@ def measure(spec: ExperimentSpec, trained: dict, sets: dict, quick: bool, progre
                                      sampler=spec.sampler)
                     r["speedup"] = _s_per_token(ar) / _s_per_token(r)
                     r["tok_s"] = 1.0 / _s_per_token(r)
-                    if checked:  # lossless: every prompt's output equals the target's own (greedy or gumbel)
-                        ref = {p["id"]: p["token_ids"] for p in ar["per_prompt"]}
-                        r["lossless"] = sum(p["token_ids"] == ref[p["id"]] for p in r["per_prompt"])
+                    if checked:  # lossless: every prompt's output equals the target's own
+                        r["lossless"] = len(prompts) - len(differing_prompts(r, ar))
                     r["per_prompt"] = [{k: x for k, x in p.items() if k != "token_ids"} for p in r["per_prompt"]]
                     r["n_prompts"] = len(prompts)
                     per_seed[str(seed)] = r

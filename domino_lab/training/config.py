@@ -240,12 +240,10 @@ class TrainConfig:
             check_number(b, f"optim.betas[{i}]", 0.0, 1.0, high_open=True)
         if o.train not in TRAIN_PARTS:
             raise UserError(f"optim.train must be one of {list(TRAIN_PARTS)}, got {o.train!r}")
-        if o.train == "head" and not self.drafter.init_from:
-            raise UserError("optim.train=head freezes the backbone, which would stay random; set drafter.init_from "
-                            "to a trained drafter (e.g. default-dflash)")
-        if o.train == "backbone" and not self.drafter.init_from:
-            raise UserError("optim.train=backbone freezes the head, which would stay random; set drafter.init_from "
-                            "to a trained domino drafter (e.g. default)")
+        if o.train != "all" and not self.drafter.init_from:
+            frozen = {"head": "backbone", "backbone": "head"}[o.train]
+            raise UserError(f"optim.train={o.train} freezes the {frozen}, which would stay random; set "
+                            "drafter.init_from to a trained drafter (e.g. default)")
         e = self.eval
         check_int(e.every_n_steps, "eval.every_n_steps", 1)
         check_int(e.val_batches, "eval.val_batches", 0)
