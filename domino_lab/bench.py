@@ -418,30 +418,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def with_options(options, text: str, item: str):
-    """`options` with the `key=value,...` of a --drafter item applied (e.g. `draft_cutoff=0.2,full_vocab=true`)."""
-    from dataclasses import fields, replace
-
-    import yaml
-
-    names = [f.name for f in fields(options)]
-    kw = {}
-    for pair in filter(None, text.split(",")):
-        k, sep, v = pair.partition("=")
-        if not sep or k.strip() not in names:
-            raise UserError(f"--drafter {item!r}: '{pair}' must be key=value with key one of {names}")
-        key, value = k.strip(), yaml.safe_load(v)
-        # the type of the default (an optional field, block_size, is a count): draft_cutoff=abc fails here by name
-        want = type(getattr(options, key)) if getattr(options, key) is not None else int
-        if want is float and isinstance(value, int) and not isinstance(value, bool):
-            value = float(value)
-        if not isinstance(value, want) or (want is not bool and isinstance(value, bool)):
-            raise UserError(f"--drafter {item!r}: {key} must be {'an' if want is int else 'a'} {want.__name__}, "
-                            f"got {v.strip()!r}")
-        kw[key] = value
-    return replace(options, **kw)
-
-
 PROJECT_KEYS = ("step_ms", "draft_8_ms", "verify_8_ms")
 
 
@@ -627,7 +603,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from .decoding.engine import check_tree_mode
     from .models import InferenceOptions, load_drafter
-    from .models.options import TREE_FLAGS
+    from .models.options import TREE_FLAGS, with_options
     from .target import Target, last_level_cache, machine_line, openmp_waits, use_decode_threads
 
     options = InferenceOptions.from_args(args)

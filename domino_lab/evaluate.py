@@ -99,13 +99,17 @@ def paired(a: dict, b: dict) -> dict:
 
 
 def named_drafters(items: list[str], target) -> dict:
-    """`NAME=SPEC` command-line items -> {name: drafter}; SPEC is a checkpoint dir or shipped name, `SPEC:head-off`
-    the same model with its Domino head off."""
+    """`NAME=SPEC[@key=value,...]` command-line items -> {name: drafter}; SPEC is a checkpoint dir or shipped name,
+    `SPEC:head-off` the same model with its Domino head off; `@key=value,...` sets inference options (e.g.
+    `@candidate_pool=16`), as in the bench. Every item is checked before any model loads."""
     from .models import load_drafter
+    from .models.options import InferenceOptions, with_options
 
+    parsed = [(name, spec, path, with_options(InferenceOptions(), opts, f"{name}={spec}@{opts}"))
+              for name, spec, path, opts in _drafter_items(items)]
     out = {}
-    for name, spec, path in _drafter_items(items):
-        d = load_drafter(path, target)
+    for name, spec, path, options in parsed:
+        d = load_drafter(path, target, options=options)
         if spec.endswith(":head-off"):
             d.head_enabled = False
         out[name] = d
@@ -117,17 +121,19 @@ def drafter_provenance(items: list[str]) -> dict:
     content digest of its training data), so a result file says which drafters, trained on what, it compares."""
     from .models.drafter import read_provenance
 
-    return {name: {"spec": spec, **read_provenance(path)} for name, spec, path in _drafter_items(items)}
+    return {name: {"spec": spec + (f"@{opts}" if opts else ""), **read_provenance(path)}
+            for name, spec, path, opts in _drafter_items(items)}
 
 
-def _drafter_items(items: list[str]) -> list[tuple[str, str, str]]:
-    """`NAME=SPEC` -> (name, SPEC, the drafter SPEC names: SPEC without a `:head-off` suffix)."""
+def _drafter_items(items: list[str]) -> list[tuple[str, str, str, str]]:
+    """`NAME=SPEC[@OPTIONS]` -> (name, SPEC, the drafter SPEC names: SPEC without a `:head-off` suffix, OPTIONS)."""
     out = []
     for item in items:
         if "=" not in item:
             raise UserError(f"--drafter {item!r} must be NAME=SPEC")
         name, spec = item.split("=", 1)
-        out.append((name, spec, spec.removesuffix(":head-off")))
+        spec, _, opts = spec.partition("@")
+        out.append((name, spec, spec.removesuffix(":head-off"), opts))
     return out
 
 

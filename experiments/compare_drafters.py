@@ -3,7 +3,8 @@
     python experiments/compare_drafters.py --drafter domino=default --drafter dflash=default-dflash \
         --sets math humaneval --max-new-tokens 128 --out experiments/results/drafters.json
 
-`NAME=SPEC` where SPEC is a checkpoint dir, a shipped name, or `SPEC:head-off` (same model, Domino head off).
+`NAME=SPEC` where SPEC is a checkpoint dir, a shipped name, or `SPEC:head-off` (same model, Domino head off), and
+`NAME=SPEC@key=value,...` runs it with those inference options, as the bench does (e.g. `default@candidate_pool=0`).
 The first drafter is compared with each other one, prompt by prompt (τ_a − τ_b, 95% CI, wins/losses).
 
 Where every drafter must reproduce plain decoding token for token (greedy; or the gumbel sampler with one sample per
@@ -26,7 +27,7 @@ from domino_lab.target import Target
 def main(argv=None) -> int:
     p = CliParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--target", default="default")
-    p.add_argument("--drafter", action="append", required=True, help="NAME=SPEC (repeat)")
+    p.add_argument("--drafter", action="append", required=True, help="NAME=SPEC[@key=value,...] (repeat)")
     p.add_argument("--sets", nargs="+", default=["math", "humaneval"])
     p.add_argument("--limit", type=int)
     p.add_argument("--max-new-tokens", type=int, default=128)

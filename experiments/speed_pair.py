@@ -66,8 +66,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def options(item: str):
     """The inference options of a LABEL=SPEC[@key=value,...] item (the defaults, with its key=value pairs)."""
-    from domino_lab.bench import with_options
-    from domino_lab.models import InferenceOptions
+    from domino_lab.models.options import InferenceOptions, with_options
 
     return with_options(InferenceOptions(), item.partition("=")[2].partition("@")[2], item)
 

@@ -80,8 +80,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         args.compare = families[:2] if len(families) >= 2 else None
     elif any(f not in families for f in args.compare) or args.compare[0] == args.compare[1]:
         raise UserError(f"--compare takes two different drafter families among {families}, got {args.compare}")
-    from domino_lab.bench import with_options
-    from domino_lab.models.options import InferenceOptions
+    from domino_lab.models.options import InferenceOptions, with_options
 
     labels = []
     for item in args.drafter:
@@ -95,12 +94,11 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def run(args) -> dict:
     from domino_lab import Target, speculative_generate
-    from domino_lab.bench import with_options
     from domino_lab.data.eval_sets import load_eval_set
     from domino_lab.decoding.engine import check_tree_mode
     from domino_lab.decoding.metrics import StepTally
     from domino_lab.models import load_drafter
-    from domino_lab.models.options import InferenceOptions
+    from domino_lab.models.options import InferenceOptions, with_options
     from domino_lab.target import use_decode_threads
 
     sets = {s: load_eval_set(s, limit=args.limit) for s in args.sets}        # bad names fail before any model loads

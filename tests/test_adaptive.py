@@ -103,7 +103,8 @@ def test_a_switch_back_to_drafting_pays_for_its_catch_up():
 
 def test_the_policy_is_checked_and_parsed():
     from core_helpers import tiny_target
-    from domino_lab.bench import build_parser, with_options
+    from domino_lab.bench import build_parser
+    from domino_lab.models.options import with_options
     from domino_lab.decoding.batched import batched_generate
     from domino_lab.errors import UserError
     from domino_lab.models import InferenceOptions
@@ -187,7 +188,8 @@ def test_plain_fallback_keeps_drafting_where_it_pays_and_probes_with_backoff():
 
 def test_batch_1_adaptive_drafts_are_checked_and_parsed(target):
     from domino_lab import Drafter, speculative_generate
-    from domino_lab.bench import build_parser, with_options
+    from domino_lab.bench import build_parser
+    from domino_lab.models.options import with_options
     from domino_lab.errors import UserError
     from domino_lab.models import InferenceOptions
 

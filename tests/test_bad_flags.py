@@ -214,7 +214,7 @@ def test_batched_inference_refuses_one_sequence_options(tmp_path):
 
 
 def test_bench_drafter_options_name_the_key_of_the_wrong_type():
-    from domino_lab.bench import with_options
+    from domino_lab.models.options import with_options
     from domino_lab.models import InferenceOptions
 
     for text, match in (("block_size=abc", "block_size must be an int, got 'abc'"),

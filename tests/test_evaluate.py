@@ -118,6 +118,24 @@ def test_compare_drafters_checks_every_greedy_output_against_plain_decoding(tmp_
     assert saved["domino"]["lossless"]["equal"] == 1 and saved["off"]["lossless"]["equal"] == 2
 
 
+def test_named_drafters_take_inference_options_after_an_at_sign():
+    """`NAME=SPEC[:head-off]@key=value,...` runs the drafter with those inference options (as the bench's --drafter
+    does); the file's provenance keeps them; a bad option fails with one error before any drafter loads."""
+    from domino_lab import Target
+    from domino_lab.errors import UserError
+    from domino_lab.evaluate import drafter_provenance, named_drafters
+
+    target = Target.from_pretrained("default")
+    items = ["full=default@candidate_pool=0,block_size=4", "off=default:head-off@candidate_pool=16", "plain=default"]
+    ds = named_drafters(items, target)
+    assert (ds["full"].options.candidate_pool, ds["full"].options.block_size) == (0, 4)
+    assert ds["off"].options.candidate_pool == 16 and not ds["off"].head_enabled
+    assert ds["plain"].options.candidate_pool == 64 and ds["plain"].head_enabled
+    assert drafter_provenance(items)["off"]["spec"] == "default:head-off@candidate_pool=16"
+    with pytest.raises(UserError, match="'pool=3' must be key=value with key one of"):
+        named_drafters(["ok=default", "bad=no-such-drafter@pool=3"], target)
+
+
 def _script(name: str):
     import importlib.util
 
