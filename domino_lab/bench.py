@@ -733,7 +733,7 @@ def main(argv: list[str] | None = None) -> int:
             + f"\n\n{md}\n\n"
             + ("\n".join(notes) + "\n\n" if notes else agreement(smp) + "\n\n")
             + "".join(f"Skipped `{m}` (not named in --methods): {why}\n\n" for m, why in skipped.items())
-            + (f"Batched decoding (ragged acceptance; "
+            + ("Batched decoding (ragged acceptance; "
                + ("each set one queue through that many slots" if args.continuous
                   else "same prompts in consecutive batches") + "; torch threads per batch "
                f"size: {', '.join(f'{k}: {v}' for k, v in b.batch_threads.items())}):\n\n"
