@@ -53,9 +53,11 @@ def must_equal_plain(temperature: float, sampler: str, samples: int = 1) -> bool
 
 def differing_prompts(res: dict, plain: dict) -> list:
     """Ids of the prompts whose output in `res` differs from plain decoding's (`plain`: evaluate with drafter None);
-    both evaluated with keep_ids=True."""
+    both evaluated with keep_ids=True. The ids were kept for this check only: they are dropped from `res`'s rows."""
     ref = {p["id"]: p["token_ids"] for p in plain["per_prompt"]}
-    return [p["id"] for p in res["per_prompt"] if p["token_ids"] != ref[p["id"]]]
+    bad = [p["id"] for p in res["per_prompt"] if p["token_ids"] != ref[p["id"]]]
+    res["per_prompt"] = [{k: x for k, x in p.items() if k != "token_ids"} for p in res["per_prompt"]]
+    return bad
 
 
 def t_interval(xs: list[float]) -> tuple[float, float, float]:

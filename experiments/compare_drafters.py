@@ -54,7 +54,6 @@ def main(argv=None) -> int:
         if check:
             for n, r in res.items():
                 bad = differing_prompts(r, plain)
-                r["per_prompt"] = [{k: x for k, x in p.items() if k != "token_ids"} for p in r["per_prompt"]]
                 r["lossless"] = {"equal": len(prompts) - len(bad), "total": len(prompts), "mismatch_prompts": bad}
                 if bad:
                     lossy.append(f"{n} on {s}: {len(bad)} of {len(prompts)} outputs differ from plain decoding "

@@ -97,7 +97,6 @@ def measure(spec: ExperimentSpec, trained: dict, sets: dict, quick: bool, progre
                     r["tok_s"] = 1.0 / _s_per_token(r)
                     if checked:  # lossless: every prompt's output equals the target's own
                         r["lossless"] = len(prompts) - len(differing_prompts(r, ar))
-                    r["per_prompt"] = [{k: x for k, x in p.items() if k != "token_ids"} for p in r["per_prompt"]]
                     r["n_prompts"] = len(prompts)
                     per_seed[str(seed)] = r
                 cell[v.name] = per_seed
