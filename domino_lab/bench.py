@@ -603,7 +603,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from .decoding.engine import check_tree_mode
     from .models import InferenceOptions, load_drafter
-    from .models.options import TREE_FLAGS, with_options
+    from .models.options import TREE_FLAGS, drafter_items
     from .target import Target, last_level_cache, machine_line, openmp_waits, use_decode_threads
 
     options = InferenceOptions.from_args(args)
@@ -615,21 +615,16 @@ def main(argv: list[str] | None = None) -> int:
         if m in args.methods:
             specs[m] = (args.domino, replace(options, head_impl=impl,
                                              candidate_pool=options.candidate_pool if pool is None else pool))
-    extra = []
-    for item in args.drafter:
-        label, sep, spec = item.partition("=")
-        if not sep or not label or not spec or label in METHODS or label in extra:
-            raise UserError(f"--drafter {item!r} must be LABEL=SPEC[@key=value,...] with a new label (not one of "
-                            f"{list(METHODS)})")
-        spec, _, opts = spec.partition("@")
-        shaping = [k for k in (pair.partition("=")[0].strip() for pair in opts.split(",")) if k in TREE_FLAGS]
+    items = {it.label: it for it in drafter_items(args.drafter, options, reserved=METHODS)}
+    for it in items.values():
+        shaping = [k for k in it.keys if k in TREE_FLAGS]
         if shaping:         # a label is benched as a chain: the option would be ignored without a word
-            raise UserError(f"--drafter {item!r}: {shaping[0]} shapes a draft tree, and a --drafter label is benched "
-                            "as a chain: bench the tree with --methods domino-tree (or dflash-tree) and "
-                            f"--{shaping[0].replace('_', '-')}, or compare a drafter's chain and trees with "
-                            "experiments/tree.py")
-        specs[label] = (spec, with_options(options, opts, item))
-        extra.append(label)
+            raise UserError(f"--drafter {it.item!r}: {shaping[0]} shapes a draft tree, and a "
+                            "--drafter label is benched as a chain: bench the tree with --methods domino-tree (or "
+                            f"dflash-tree) and --{shaping[0].replace('_', '-')}, or compare a drafter's chain and "
+                            "trees with experiments/tree.py")
+        specs[it.label] = (it.spec, it.options)
+    extra = list(items)
     check_sampling_args(smp, [o for _, o in specs.values()], max(map(len, sets.values())), bool(args.batch_sizes))
     target = Target.from_pretrained(args.target, dtype=args.dtype)
     from .decoding.engine import prompts_token_ids
@@ -637,7 +632,8 @@ def main(argv: list[str] | None = None) -> int:
     # every prompt's ids, checked to fit the context before anything is decoded
     ids = {name: prompts_token_ids(target, prompts, f"set {name}") for name, prompts in sets.items()}
     use_decode_threads(target, args.threads)
-    drafters = {m: load_drafter(spec, target, options=o) for m, (spec, o) in specs.items()}
+    drafters = {m: items[m].load(target) if m in items else load_drafter(spec, target, options=o)
+                for m, (spec, o) in specs.items()}
     # the two named slots say what their methods measure: `dflash` a block drafter alone, `domino` one with its head
     for m, d in drafters.items():
         slot = TREE_METHODS.get(m, "domino" if m in HEAD_VARIANTS else m)

@@ -101,42 +101,21 @@ def paired(a: dict, b: dict) -> dict:
 
 
 def named_drafters(items: list[str], target) -> dict:
-    """`NAME=SPEC[@key=value,...]` command-line items -> {name: drafter}; SPEC is a checkpoint dir or shipped name,
-    `SPEC:head-off` the same model with its Domino head off; `@key=value,...` sets inference options (e.g.
-    `@candidate_pool=16`), as in the bench. Every item is checked before any model loads."""
-    from .models import load_drafter
-    from .models.options import InferenceOptions, with_options
+    """`NAME=SPEC[:head-off][@key=value,...]` command-line items -> {name: drafter}; SPEC is a checkpoint dir or
+    shipped name, `SPEC:head-off` the same model with its Domino head off; `@key=value,...` sets inference options
+    (e.g. `@candidate_pool=16`), as in the bench. Every item is checked before any model loads."""
+    from .models.options import drafter_items
 
-    parsed = [(name, spec, path, with_options(InferenceOptions(), opts, f"{name}={spec}@{opts}"))
-              for name, spec, path, opts in _drafter_items(items)]
-    out = {}
-    for name, spec, path, options in parsed:
-        d = load_drafter(path, target, options=options)
-        if spec.endswith(":head-off"):
-            d.head_enabled = False
-        out[name] = d
-    return out
+    return {it.label: it.load(target) for it in drafter_items(items)}
 
 
 def drafter_provenance(items: list[str]) -> dict:
     """`NAME=SPEC` items -> {name: {"spec": SPEC, ...what the drafter recorded about its training}} (e.g. the
     content digest of its training data), so a result file says which drafters, trained on what, it compares."""
     from .models.drafter import read_provenance
+    from .models.options import drafter_items
 
-    return {name: {"spec": spec + (f"@{opts}" if opts else ""), **read_provenance(path)}
-            for name, spec, path, opts in _drafter_items(items)}
-
-
-def _drafter_items(items: list[str]) -> list[tuple[str, str, str, str]]:
-    """`NAME=SPEC[@OPTIONS]` -> (name, SPEC, the drafter SPEC names: SPEC without a `:head-off` suffix, OPTIONS)."""
-    out = []
-    for item in items:
-        if "=" not in item:
-            raise UserError(f"--drafter {item!r} must be NAME=SPEC")
-        name, spec = item.split("=", 1)
-        spec, _, opts = spec.partition("@")
-        out.append((name, spec, spec.removesuffix(":head-off"), opts))
-    return out
+    return {it.label: {"spec": it.describe(), **read_provenance(it.path)} for it in drafter_items(items)}
 
 
 def run_record() -> dict:

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from domino_lab.cli_flags import SAMPLERS, add_sampler_arg, add_threads_arg
 from domino_lab.errors import CliParser, UserError, atomic_path, check_out_dir, run_cli
+from domino_lab.models.options import drafter_items
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -46,44 +47,27 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--report", default=None, metavar="DIR",
                    help="decode nothing: recompute DIR/speed_pair.{json,md} from the per-prompt counts saved there")
     a = p.parse_args(argv)
-    for name in ("a", "b"):
-        label, sep, spec = getattr(a, name).partition("=")
-        if not sep or not label or not spec:
-            raise UserError(f"--{name} {getattr(a, name)!r} must be LABEL=SPEC, e.g. domino=default")
-        options(getattr(a, name))                  # bad options fail before any model loads
-    if a.a.partition("=")[0] == a.b.partition("=")[0]:
-        raise UserError("--a and --b need different labels")
+    a.items = drafter_items([a.a, a.b], flag="--a/--b")          # bad items fail before any model loads
     if min(a.limit, a.max_new_tokens, a.rounds) < 1:
         raise UserError("--limit, --max-new-tokens and --rounds must be >= 1")
     if not 0.0 <= a.temperature <= 10.0:
         raise UserError(f"--temperature must be in [0, 10] (0 = greedy), got {a.temperature}")
     # each label's sampler, by label
-    a.samplers = {a.a.partition("=")[0]: a.sampler, a.b.partition("=")[0]: a.sampler_b or a.sampler}
+    a.samplers = {a.items[0].label: a.sampler, a.items[1].label: a.sampler_b or a.sampler}
     if a.out is not None:
         check_out_dir(a.out)
     return a
 
 
-def options(item: str):
-    """The inference options of a LABEL=SPEC[@key=value,...] item (the defaults, with its key=value pairs)."""
-    from domino_lab.models.options import InferenceOptions, with_options
-
-    return with_options(InferenceOptions(), item.partition("=")[2].partition("@")[2], item)
-
-
 def run(args) -> dict:
     from domino_lab import Target, speculative_generate
     from domino_lab.data.eval_sets import load_eval_set
-    from domino_lab.models import load_drafter
     from domino_lab.target import use_decode_threads
 
     sets = {s: load_eval_set(s, limit=args.limit) for s in args.sets}        # bad names fail before any model loads
     target = Target.from_pretrained(args.target)
     use_decode_threads(target, args.threads)
-    drafters = {}
-    for item in (args.a, args.b):
-        label, _, spec = item.partition("=")
-        drafters[label] = load_drafter(spec.partition("@")[0], target, options=options(item))
+    drafters = {it.label: it.load(target) for it in args.items}
     la, lb = drafters
     # texts must match when greedy, or when both sample with Gumbel coupling (a function of the seed alone)
     check_same = args.temperature <= 0 or set(args.samplers.values()) == {"gumbel"}

@@ -75,20 +75,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     if not 0.0 <= args.temperature <= 10.0:
         raise UserError(f"--temperature must be in [0, 10] (0 = greedy), got {args.temperature}")
     args.drafter = args.drafter or DEFAULT_DRAFTERS
-    families = list(dict.fromkeys(d.partition("=")[0].split("/")[0] for d in args.drafter))
+    from domino_lab.models.options import drafter_items
+
+    args.items = drafter_items(args.drafter, reserved=["ar"])      # bad items fail before any model loads
+    families = list(dict.fromkeys(it.label.split("/")[0] for it in args.items))
     if args.compare is None:
         args.compare = families[:2] if len(families) >= 2 else None
     elif any(f not in families for f in args.compare) or args.compare[0] == args.compare[1]:
         raise UserError(f"--compare takes two different drafter families among {families}, got {args.compare}")
-    from domino_lab.models.options import InferenceOptions, with_options
-
-    labels = []
-    for item in args.drafter:
-        label, sep, spec = item.partition("=")
-        if not sep or not label or not spec or label in labels or label == "ar":
-            raise UserError(f"--drafter {item!r} must be LABEL=SPEC with a new label other than 'ar'")
-        with_options(InferenceOptions(), spec.partition("@")[2], item)      # bad options fail before any model loads
-        labels.append(label)
     return args
 
 
@@ -97,19 +91,15 @@ def run(args) -> dict:
     from domino_lab.data.eval_sets import load_eval_set
     from domino_lab.decoding.engine import check_tree_mode
     from domino_lab.decoding.metrics import StepTally
-    from domino_lab.models import load_drafter
-    from domino_lab.models.options import InferenceOptions, with_options
     from domino_lab.target import use_decode_threads
 
     sets = {s: load_eval_set(s, limit=args.limit) for s in args.sets}        # bad names fail before any model loads
     target = Target.from_pretrained(args.target, dtype=args.dtype)
     use_decode_threads(target, args.threads)
     drafters = {}
-    for item in args.drafter:
-        label, _, spec = item.partition("=")
-        spec, _, opts = spec.partition("@")
-        drafters[label] = load_drafter(spec, target, options=with_options(InferenceOptions(), opts, item))
-        check_tree_mode(drafters[label])         # an EAGLE chain (or anything else) fails here, early
+    for it in args.items:
+        drafters[it.label] = it.load(target)
+        check_tree_mode(drafters[it.label])         # an EAGLE chain (or anything else) fails here, early
     nodes = sorted(set(args.nodes))
     # configuration = (label, N); ("ar", 0) is plain decoding, N = 0 the chain
     configs = [("ar", 0)] + [(lab, n) for lab in drafters for n in [0] + nodes]

@@ -225,6 +225,29 @@ def test_bench_drafter_options_name_the_key_of_the_wrong_type():
     assert with_options(InferenceOptions(), "draft_cutoff=0,block_size=4", "x").draft_cutoff == 0.0
 
 
+def test_drafter_items_are_parsed_in_one_place_and_checked_before_anything_loads():
+    """Every script's LABEL=SPEC[:head-off][@key=value,...] items go through one parser: labels of their own, the
+    options over the caller's base, :head-off kept for loading and provenance."""
+    from dataclasses import replace
+
+    from domino_lab.models import InferenceOptions
+    from domino_lab.models.options import drafter_items
+
+    base = replace(InferenceOptions(), lookup=3)
+    a, b = drafter_items(["off=default:head-off@candidate_pool=16,full_vocab=true", "plain=default-dflash"], base)
+    assert (a.label, a.path, a.keys, a.describe()) == ("off", "default", ["candidate_pool", "full_vocab"],
+                                                       "default:head-off@candidate_pool=16,full_vocab=true")
+    assert (a.options.candidate_pool, a.options.full_vocab, a.options.lookup) == (16, True, 3)
+    assert (b.path, b.keys, b.describe(), b.options) == ("default-dflash", [], "default-dflash", base)
+    for items, reserved, match in ((["default"], (), "must be LABEL=SPEC"), (["x="], (), "must be LABEL=SPEC"),
+                                   (["=default"], (), "must be LABEL=SPEC"),
+                                   (["x=default", "x=default-dflash"], (), "different labels"),
+                                   (["ar=default"], ("ar",), r"none of \['ar'\]"),
+                                   (["x=default@pool=3"], (), "key=value with key one of")):
+        with pytest.raises(UserError, match=match):
+            drafter_items(items, reserved=reserved)
+
+
 def test_spawned_strategies_are_refused():
     # spawned processes get a pickled target whose forward returns no hidden states (a crash mid-run otherwise)
     from domino_lab.inference import main

@@ -184,3 +184,60 @@ def with_options(options, text: str, item: str):
                             f"got {v.strip()!r}")
         kw[key] = value
     return replace(options, **kw)
+
+
+HEAD_OFF = ":head-off"
+
+
+@dataclass(frozen=True)
+class DrafterItem:
+    """One `LABEL=SPEC[:head-off][@key=value,...]` command-line item (the --drafter of the bench and the experiment
+    scripts): SPEC is a shipped name or checkpoint dir, `:head-off` the same model with its Domino head off (its
+    backbone's base logits alone), the pairs inference options over a base."""
+    label: str
+    spec: str                   # as given, `:head-off` included
+    options: InferenceOptions
+    option_text: str = ""       # the `key=value,...` as given ("" for none)
+    item: str = ""              # the whole item as given (for errors)
+
+    @property
+    def path(self) -> str:
+        """What load_drafter resolves: SPEC without `:head-off`."""
+        return self.spec.removesuffix(HEAD_OFF)
+
+    @property
+    def keys(self) -> list[str]:
+        """The option keys the item sets."""
+        return [pair.partition("=")[0].strip() for pair in filter(None, self.option_text.split(","))]
+
+    def describe(self) -> str:
+        """SPEC and its options as given, the label left out (what a result file records)."""
+        return self.spec + (f"@{self.option_text}" if self.option_text else "")
+
+    def load(self, target, seed: int = 0):
+        from .drafter import load_drafter
+
+        d = load_drafter(self.path, target, seed=seed, options=self.options)
+        if self.spec.endswith(HEAD_OFF):
+            d.head_enabled = False
+        return d
+
+
+def drafter_items(items: list[str], base: InferenceOptions | None = None, reserved=(),
+                  flag: str = "--drafter") -> list[DrafterItem]:
+    """Command-line `LABEL=SPEC[:head-off][@key=value,...]` items, every one checked (a label of its own, not one of
+    `reserved`; a SPEC; known option keys with values of their types) before any model loads; the options apply
+    over `base` (default InferenceOptions()). `flag` names the option in errors."""
+    base = InferenceOptions() if base is None else base
+    out: list[DrafterItem] = []
+    for item in items:
+        label, sep, rest = item.partition("=")
+        spec, _, text = rest.partition("@")
+        if not sep or not label or not spec:
+            raise UserError(f"{flag} {item!r} must be LABEL=SPEC[@key=value,...], e.g. domino=default")
+        if label in reserved or any(it.label == label for it in out):
+            raise UserError(f"{flag} {item!r} must be LABEL=SPEC[@key=value,...] with a label of its own: {label!r} "
+                            "is taken (the items need different labels"
+                            + (f", none of {list(reserved)})" if reserved else ")"))
+        out.append(DrafterItem(label, spec, with_options(base, text, item), text, item))
+    return out
