@@ -603,6 +603,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from .decoding.engine import check_tree_mode
     from .models import InferenceOptions, load_drafter
+    from .models.drafter import load_item
     from .models.options import TREE_FLAGS, drafter_items
     from .target import Target, last_level_cache, machine_line, openmp_waits, use_decode_threads
 
@@ -632,7 +633,7 @@ def main(argv: list[str] | None = None) -> int:
     # every prompt's ids, checked to fit the context before anything is decoded
     ids = {name: prompts_token_ids(target, prompts, f"set {name}") for name, prompts in sets.items()}
     use_decode_threads(target, args.threads)
-    drafters = {m: items[m].load(target) if m in items else load_drafter(spec, target, options=o)
+    drafters = {m: load_item(items[m], target) if m in items else load_drafter(spec, target, options=o)
                 for m, (spec, o) in specs.items()}
     # the two named slots say what their methods measure: `dflash` a block drafter alone, `domino` one with its head
     for m, d in drafters.items():

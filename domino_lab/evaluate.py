@@ -104,9 +104,10 @@ def named_drafters(items: list[str], target) -> dict:
     """`NAME=SPEC[:head-off][@key=value,...]` command-line items -> {name: drafter}; SPEC is a checkpoint dir or
     shipped name, `SPEC:head-off` the same model with its Domino head off; `@key=value,...` sets inference options
     (e.g. `@candidate_pool=16`), as in the bench. Every item is checked before any model loads."""
+    from .models.drafter import load_item
     from .models.options import drafter_items
 
-    return {it.label: it.load(target) for it in drafter_items(items)}
+    return {it.label: load_item(it, target) for it in drafter_items(items)}
 
 
 def drafter_provenance(items: list[str]) -> dict:

@@ -62,12 +62,13 @@ def parse_args(argv=None) -> argparse.Namespace:
 def run(args) -> dict:
     from domino_lab import Target, speculative_generate
     from domino_lab.data.eval_sets import load_eval_set
+    from domino_lab.models.drafter import load_item
     from domino_lab.target import use_decode_threads
 
     sets = {s: load_eval_set(s, limit=args.limit) for s in args.sets}        # bad names fail before any model loads
     target = Target.from_pretrained(args.target)
     use_decode_threads(target, args.threads)
-    drafters = {it.label: it.load(target) for it in args.items}
+    drafters = {it.label: load_item(it, target) for it in args.items}
     la, lb = drafters
     # texts must match when greedy, or when both sample with Gumbel coupling (a function of the seed alone)
     check_same = args.temperature <= 0 or set(args.samplers.values()) == {"gumbel"}

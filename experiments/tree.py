@@ -91,6 +91,7 @@ def run(args) -> dict:
     from domino_lab.data.eval_sets import load_eval_set
     from domino_lab.decoding.engine import check_tree_mode
     from domino_lab.decoding.metrics import StepTally
+    from domino_lab.models.drafter import load_item
     from domino_lab.target import use_decode_threads
 
     sets = {s: load_eval_set(s, limit=args.limit) for s in args.sets}        # bad names fail before any model loads
@@ -98,7 +99,7 @@ def run(args) -> dict:
     use_decode_threads(target, args.threads)
     drafters = {}
     for it in args.items:
-        drafters[it.label] = it.load(target)
+        drafters[it.label] = load_item(it, target)
         check_tree_mode(drafters[it.label])         # an EAGLE chain (or anything else) fails here, early
     nodes = sorted(set(args.nodes))
     # configuration = (label, N); ("ar", 0) is plain decoding, N = 0 the chain

@@ -359,6 +359,15 @@ def load_drafter(spec: str | None, target, seed: int = 0, options: InferenceOpti
     return _resolve_drafter(spec, target, seed).set_options(options)
 
 
+def load_item(item, target, seed: int = 0) -> Drafter:
+    """The drafter of a command-line item (`models.options.drafter_items`): run with the item's options, its Domino
+    head off for `SPEC:head-off`."""
+    d = load_drafter(item.path, target, seed=seed, options=item.options)
+    if item.head_off:
+        d.head_enabled = False
+    return d
+
+
 def family_of(spec: str) -> type | None:
     """The family class (models/registry.py) of a shipped name or checkpoint dir (ours or a release layout), read
     from its config.json without loading weights; None when it is not a readable drafter directory."""

@@ -206,6 +206,10 @@ class DrafterItem:
         return self.spec.removesuffix(HEAD_OFF)
 
     @property
+    def head_off(self) -> bool:
+        return self.spec.endswith(HEAD_OFF)
+
+    @property
     def keys(self) -> list[str]:
         """The option keys the item sets."""
         return [pair.partition("=")[0].strip() for pair in filter(None, self.option_text.split(","))]
@@ -213,14 +217,6 @@ class DrafterItem:
     def describe(self) -> str:
         """SPEC and its options as given, the label left out (what a result file records)."""
         return self.spec + (f"@{self.option_text}" if self.option_text else "")
-
-    def load(self, target, seed: int = 0):
-        from .drafter import load_drafter
-
-        d = load_drafter(self.path, target, seed=seed, options=self.options)
-        if self.spec.endswith(HEAD_OFF):
-            d.head_enabled = False
-        return d
 
 
 def drafter_items(items: list[str], base: InferenceOptions | None = None, reserved=(),
