@@ -602,39 +602,40 @@ def main(argv: list[str] | None = None) -> int:
     from dataclasses import asdict, replace
 
     from .decoding.engine import check_tree_mode
-    from .models import InferenceOptions, load_drafter
+    from .models import InferenceOptions
     from .models.drafter import load_item
-    from .models.options import TREE_FLAGS, drafter_items
+    from .models.options import TREE_FLAGS, DrafterItem, drafter_items
     from .target import Target, last_level_cache, machine_line, openmp_waits, use_decode_threads
 
     options = InferenceOptions.from_args(args)
     smp = Sampling(args.temperature, args.top_p, args.sampler, args.seed)
-    # drafter slot -> (spec, options): the two named slots, the head variants of `domino`, then --drafter LABEL=SPEC
-    specs = {m: (getattr(args, m), options) for m in ("dflash", "domino") if m in args.methods}
-    specs |= {m: (getattr(args, slot), options) for m, slot in TREE_METHODS.items() if m in args.methods}
+    # drafter slot -> its item: the two named slots, the head variants of `domino`, then --drafter LABEL=SPEC
+    specs = {m: DrafterItem(m, getattr(args, m), options) for m in ("dflash", "domino") if m in args.methods}
+    specs |= {m: DrafterItem(m, getattr(args, slot), options)
+              for m, slot in TREE_METHODS.items() if m in args.methods}
     for m, (impl, pool) in HEAD_VARIANTS.items():
         if m in args.methods:
-            specs[m] = (args.domino, replace(options, head_impl=impl,
-                                             candidate_pool=options.candidate_pool if pool is None else pool))
-    items = {it.label: it for it in drafter_items(args.drafter, options, reserved=METHODS)}
-    for it in items.values():
+            specs[m] = DrafterItem(m, args.domino, replace(
+                options, head_impl=impl, candidate_pool=options.candidate_pool if pool is None else pool))
+    items = drafter_items(args.drafter, options, reserved=METHODS)
+    for it in items:
         shaping = [k for k in it.keys if k in TREE_FLAGS]
         if shaping:         # a label is benched as a chain: the option would be ignored without a word
             raise UserError(f"--drafter {it.item!r}: {shaping[0]} shapes a draft tree, and a "
                             "--drafter label is benched as a chain: bench the tree with --methods domino-tree (or "
                             f"dflash-tree) and --{shaping[0].replace('_', '-')}, or compare a drafter's chain and "
                             "trees with experiments/tree.py")
-        specs[it.label] = (it.spec, it.options)
-    extra = list(items)
-    check_sampling_args(smp, [o for _, o in specs.values()], max(map(len, sets.values())), bool(args.batch_sizes))
+        specs[it.label] = it
+    extra = [it.label for it in items]
+    check_sampling_args(smp, [it.options for it in specs.values()], max(map(len, sets.values())),
+                        bool(args.batch_sizes))
     target = Target.from_pretrained(args.target, dtype=args.dtype)
     from .decoding.engine import prompts_token_ids
 
     # every prompt's ids, checked to fit the context before anything is decoded
     ids = {name: prompts_token_ids(target, prompts, f"set {name}") for name, prompts in sets.items()}
     use_decode_threads(target, args.threads)
-    drafters = {m: load_item(items[m], target) if m in items else load_drafter(spec, target, options=o)
-                for m, (spec, o) in specs.items()}
+    drafters = {m: load_item(it, target) for m, it in specs.items()}
     # the two named slots say what their methods measure: `dflash` a block drafter alone, `domino` one with its head
     for m, d in drafters.items():
         slot = TREE_METHODS.get(m, "domino" if m in HEAD_VARIANTS else m)
@@ -681,8 +682,8 @@ def main(argv: list[str] | None = None) -> int:
             "date": time.strftime("%Y-%m-%d %H:%M"),
             "prompts": {name: prompts_digest(prompts) for name, prompts in sets.items()},
             "target": args.target, "dtype": str(target.dtype).removeprefix("torch."),
-            "drafters": {m: spec for m, (spec, _) in specs.items()},
-            "options": {m: asdict(o) for m, (_, o) in specs.items()},
+            "drafters": {m: it.spec for m, it in specs.items()},
+            "options": {m: asdict(it.options) for m, it in specs.items()},
             "domino_head": asdict(drafters["domino"].options) if "domino" in drafters else None,
             "max_new_tokens": args.max_new_tokens, "wall_s": round(time.time() - started, 1),
             "sampling": asdict(smp),
@@ -694,7 +695,7 @@ def main(argv: list[str] | None = None) -> int:
             "batched_threads": b.batch_threads, "batched_continuous": args.continuous, "skipped": skipped,
             "batched_left_out": batched_left_out(b) if batched else {},
             # (parameters only: the target's tied embedding counts once; a drafter's tables built from it not at all)
-            "weights_mb": {"target": param_mb(target.model)} | {f"drafter {specs[m][0]}": param_mb(d)
+            "weights_mb": {"target": param_mb(target.model)} | {f"drafter {specs[m].spec}": param_mb(d)
                                                                 for m, d in drafters.items()},
             "last_level_cache": last_level_cache()}
     md = table(results)
