@@ -210,14 +210,16 @@ def compare(results: dict, a: str, b: str) -> dict:
 
 
 def compare_table(cmp: dict, a: str, b: str) -> str:
-    lines = [f"Per-prompt τ({a}) − τ({b}), paired, at each N (chain = N 0):", "",
-             "| set | N | prompts | mean Δτ | 95% CI | wins / losses / ties |", "|" + "---|" * 6]
+    # (with several seeds a prompt gives one difference per seed pair; the interval is over the prompts' means)
+    lines = [f"Per-prompt τ({a}) − τ({b}), paired, at each N (chain = N 0); the 95% CI is over the prompts (each "
+             "prompt's mean over the seed pairs), wins / losses / ties count every difference:", "",
+             "| set | N | prompts | differences | mean Δτ | 95% CI | wins / losses / ties |", "|" + "---|" * 7]
     for s, per_n in cmp.items():
         for n, pr in per_n.items():
             if not pr.get("n"):
                 continue
             lo, hi = pr["ci95"]
-            lines.append(f"| {s} | {'chain' if n == 0 else n} | {pr['n']} | {pr['mean_diff']:+.2f} | "
+            lines.append(f"| {s} | {'chain' if n == 0 else n} | {pr['prompts']} | {pr['n']} | {pr['mean_diff']:+.2f} | "
                          f"[{lo:+.2f}, {hi:+.2f}] | {pr['wins']} / {pr['losses']} / {pr['ties']} |")
     return "\n".join(lines)
 

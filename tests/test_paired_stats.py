@@ -75,3 +75,23 @@ def test_per_position_acceptance_counts_the_drafts_the_target_judged():
                          step([7, 0, 9, 10], 2, None)])       # d1 accepted, d2 = EOS (0) accepted: the text ended
     assert t.accept_pos == [1.0, 0.5, None, None]
     assert t.tau == pytest.approx((2 + 2) / 2)
+
+
+def test_the_tree_experiments_table_counts_prompts_and_differences_apart():
+    """experiments/tree.py with three seeds per drafter family: the table says how many prompts its interval is over
+    and, apart from them, how many differences its wins / losses / ties count."""
+    from core_helpers import experiment_script
+
+    tree = experiment_script("tree")
+
+    def row(label, taus):
+        return {"label": label, "nodes": 0, "tau": 1.0, "per_prompt": [{"id": k, "tau": v} for k, v in taus.items()]}
+
+    rows = {}
+    for s in range(3):
+        rows[f"a/{s}@0"] = row(f"a/{s}", {"p": 3.0 + s, "q": 1.0})
+        rows[f"b/{s}@0"] = row(f"b/{s}", {"p": 2.0 + s, "q": 0.5})
+    table = tree.compare_table(tree.compare({"math": rows}, "a", "b"), "a", "b")
+    m, lo, hi = t_interval([1.0, 0.5])
+    assert f"| math | chain | 2 | 6 | +0.75 | [{lo:+.2f}, {hi:+.2f}] | 6 / 0 / 0 |" in table
+    assert "| set | N | prompts | differences |" in table
