@@ -210,7 +210,6 @@ def compare(results: dict, a: str, b: str) -> dict:
 
 
 def compare_table(cmp: dict, a: str, b: str) -> str:
-    # (with several seeds a prompt gives one difference per seed pair; the interval is over the prompts' means)
     lines = [f"Per-prompt τ({a}) − τ({b}), paired, at each N (chain = N 0); the 95% CI is over the prompts (each "
              "prompt's mean over the seed pairs), wins / losses / ties count every difference:", "",
              "| set | N | prompts | differences | mean Δτ | 95% CI | wins / losses / ties |", "|" + "---|" * 7]
