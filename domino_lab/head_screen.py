@@ -60,20 +60,25 @@ class _HalfHead:
 class ArgmaxScreen:
     """argmax(h @ W.T) for a float32 head W [V, H], read from a half-precision copy; exact (module docstring)."""
 
-    def __init__(self, weight: torch.Tensor):
+    def __init__(self, weight: torch.Tensor, full=None):
         self.w = weight.detach()
+        # the full head's read that the screen competes with (the head module: it may take oneDNN's packed product,
+        # models/packed_linear.py)
+        self.full = full if full is not None else (lambda h: F.linear(h, self.w))
         self._halves: dict[torch.dtype, _HalfHead] = {}
-        self._pays: dict[int, bool] = {}     # kind of call (see `pays`) -> whether the screen is the faster read
+        self._pays: dict[tuple, bool] = {}   # kind of call (see `pays`) -> whether the screen is the faster read
 
     @classmethod
     def for_head(cls, head: nn.Module) -> "ArgmaxScreen | None":
         """A screen for a plain bias-free float32 linear head on a CPU; None where it would not pay (GPUs and
         low-precision targets already read half-precision weights) or does not apply (a bias, another module)."""
+        from .models.packed_linear import PackedLinear
+
         w = getattr(head, "weight", None)
-        if (type(head) is not nn.Linear or head.bias is not None or w is None or w.dtype != torch.float32
-                or w.device.type != "cpu"):
+        if (type(head) not in (nn.Linear, PackedLinear) or head.bias is not None or w is None
+                or w.dtype != torch.float32 or w.device.type != "cpu"):
             return None
-        return cls(w)
+        return cls(w, head)
 
     def reads(self, weight: torch.Tensor) -> bool:
         """Whether this screen was built from `weight` as it is now (a model moved to another device or dtype
@@ -93,10 +98,13 @@ class ArgmaxScreen:
         Timed once per kind of call (one row, the float16 copy; 2-16 rows, a verify; more, a tree or a prefill), on
         the first rows of that kind: TIMING_ROUNDS calls of each read, interleaved, medians of thread time. Either
         read gives the float32 head's argmax, so a choice that timing noise tips the wrong way costs time only."""
+        from .models.packed_linear import mode
+
         h = h.reshape(-1, h.shape[-1])
-        kind = 1 if h.shape[0] == 1 else 2 if h.shape[0] <= 16 else 3
+        # (and per linear kernel mode: the full head's read is oneDNN's packed product or MKL's)
+        kind = (1 if h.shape[0] == 1 else 2 if h.shape[0] <= 16 else 3, mode())
         if kind not in self._pays:
-            reads = {"full": lambda: F.linear(h, self.w).argmax(-1), "screen": lambda: self.argmax(h)}
+            reads = {"full": lambda: self.full(h).argmax(-1), "screen": lambda: self.argmax(h)}
             times: dict[str, list[float]] = {k: [] for k in reads}
             for f in reads.values():      # warm-up (the screen builds its half-precision copy)
                 f()

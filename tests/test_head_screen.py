@@ -107,7 +107,9 @@ def test_auto_screen_is_used_where_timing_says_it_is_the_faster_read(monkeypatch
     import time as clock
 
     from domino_lab import head_screen
+    from domino_lab.models.packed_linear import mode
 
+    m = mode()                              # (decisions are per linear kernel mode: the full read depends on it)
     t = Target.from_pretrained("default")
     full = Target.from_pretrained("default", head_screen=False)
     h = torch.randn(9, t.hidden_size, generator=torch.Generator().manual_seed(0)) * 3
@@ -120,13 +122,13 @@ def test_auto_screen_is_used_where_timing_says_it_is_the_faster_read(monkeypatch
             pass
         return real(self, x)
     monkeypatch.setattr(head_screen.ArgmaxScreen, "argmax", slow)
-    assert torch.equal(t.greedy_tokens(h), want) and screen._pays == {2: False}
-    assert torch.equal(t.greedy_tokens(h[:1]), want[:1]) and screen._pays == {2: False, 1: False}
+    assert torch.equal(t.greedy_tokens(h), want) and screen._pays == {(2, m): False}
+    assert torch.equal(t.greedy_tokens(h[:1]), want[:1]) and screen._pays == {(2, m): False, (1, m): False}
     # a screen that costs nothing: used for the kind of call not timed yet, and the decisions taken stand
     answers = {len(x): real(screen, x) for x in (h[:1], h, h.repeat(3, 1))}
     monkeypatch.setattr(head_screen.ArgmaxScreen, "argmax",
                         lambda self, x: answers[x.reshape(-1, x.shape[-1]).shape[0]])
-    assert torch.equal(t.greedy_tokens(h.repeat(3, 1)), want.repeat(3)) and screen._pays[3] is True
+    assert torch.equal(t.greedy_tokens(h.repeat(3, 1)), want.repeat(3)) and screen._pays[3, m] is True
     assert screen.pays(h) is False and screen.pays(h[:1]) is False
     forced = Target.from_pretrained("default", head_screen=True)      # True: always the screen, never timed
     assert torch.equal(forced.greedy_tokens(h), want) and forced.screen._pays == {}
@@ -153,3 +155,20 @@ def test_head_screen_experiment_quick(tmp_path):
     assert set(rows) == {"ar", "domino", "domino-tree"}
     assert all(v["lossless"] == {"full": 1, "screen": 1} and v["speedup"] > 0 for v in rows.values())
     assert "| math | domino-tree |" in (tmp_path / "head_screen.md").read_text()
+
+
+def test_the_screen_is_timed_again_under_another_linear_kernel_mode(monkeypatch):
+    """The full head the screen competes with is oneDNN's packed product or MKL's (models/packed_linear.py): a
+    decision taken under one mode does not stand for the other."""
+    from domino_lab.models import packed_linear as pl
+
+    before = pl.mode()
+    t = Target.from_pretrained("default")
+    h = torch.randn(9, t.hidden_size, generator=torch.Generator().manual_seed(1))
+    try:
+        for m in ("aten", "auto"):
+            pl.set_mode(m)
+            t.greedy_tokens(h)
+        assert set(t.screen._pays) == {(2, "aten"), (2, "auto")}
+    finally:
+        pl.set_mode(before)

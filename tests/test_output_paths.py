@@ -267,6 +267,7 @@ def test_bench_refuses_bad_tracking_uri_before_loading(tmp_path, uri, why, no_mo
     ("window_cache", []),
     ("kv_cache", []),
     ("head_screen", ["--quick"]),
+    ("packed_linears", ["--quick"]),
 ])
 def test_experiment_scripts_refuse_a_file_as_out_folder(name, args, a_file, no_models):
     with pytest.raises(UserError, match="is a file, not a folder"):

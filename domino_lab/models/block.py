@@ -18,6 +18,7 @@ from .config import DrafterConfig
 from .domino_head import DominoHead
 from .drafter import BlockBatch, Draft, Drafter, draft_labels
 from .frspec import add_noise, q_to_vocab, to_vocab
+from .packed_linear import linear
 from .registry import register
 
 PREFIX_MODES = ("teacher_forcing", "ttt")
@@ -124,7 +125,7 @@ class BlockDrafter(Drafter):
         """The draft slots' states of the block's states hs and their logits over the LM-head rows (weight, bias)."""
         cfg = self.config
         h = hs[:, cfg.first_draft_slot: cfg.first_draft_slot + cfg.num_drafts]
-        return h, F.linear(h, weight, bias)
+        return h, linear(h, weight, bias)
 
     def _draft_pass(self, anchor, copy, ctx_feats, pos, kv, n, weight, bias):
         """`_states_pass` on through the draft LM head (`_slot_logits`)."""

@@ -21,6 +21,7 @@ from torch import nn
 from ..errors import UserError, atomic_dir
 from .config import DrafterConfig
 from .options import InferenceOptions
+from .packed_linear import linear, use_packed
 from .weights_file import safetensors_shapes
 from . import registry
 
@@ -226,7 +227,7 @@ class Drafter(nn.Module, metaclass=ABCMeta):
 
     def draft_lm_head(self, h: torch.Tensor) -> torch.Tensor:
         """Logits of the draft vocabulary (draft_head_rows)."""
-        return F.linear(h, *self.draft_head_rows())
+        return linear(h, *self.draft_head_rows())
 
     def unlisted(self, ids: torch.Tensor | None) -> torch.Tensor | None:
         """The distinct tokens of `ids` (-1 = none) that the FR-Spec list leaves out (None: no list or no ids)."""
@@ -356,7 +357,9 @@ def load_drafter(spec: str | None, target, seed: int = 0, options: InferenceOpti
     if not str(spec).strip():
         raise UserError("the drafter name is empty; pass a shipped name (default, default-dflash, ...), a drafter "
                         "directory, untrained:METHOD, or none")
-    return _resolve_drafter(spec, target, seed).set_options(options)
+    d = _resolve_drafter(spec, target, seed).set_options(options)
+    use_packed(d)      # its linear layers through oneDNN's packed weights where measured faster (packed_linear.py)
+    return d
 
 
 def load_item(item, target, seed: int = 0) -> Drafter:
