@@ -184,3 +184,16 @@ def test_a_target_can_keep_its_plain_linear_layers():
     t = Target.from_pretrained("default", packed_linears=False)
     assert type(t.lm_head) is nn.Linear and t.screen is not None
     assert not any(isinstance(m, pl.PackedLinear) for m in t.model.modules())
+
+
+def test_every_drafter_is_built_with_packed_linears_and_still_trains():
+    t = Target.from_pretrained("default")
+    from domino_lab import Drafter
+
+    d = Drafter.untrained(t, "dflash")
+    lins = [m for m in d.modules() if isinstance(m, nn.Linear)]
+    assert lins and all(type(m) is pl.PackedLinear for m in lins)
+    x = torch.randn(2, 8, d.config.hidden_size)
+    out = d.backbone.layers[0].mlp(x)        # autograd records the call: the gradient reaches the weights
+    out.sum().backward()
+    assert d.backbone.layers[0].mlp.up_proj.weight.grad is not None

@@ -92,6 +92,9 @@ class Drafter(nn.Module, metaclass=ABCMeta):
             self.register_buffer("frspec_ids", torch.arange(config.frspec_k), persistent=True)
         self._fr_head = None  # (key, W_lm rows of the FR-Spec subset, its token ids as a set), rebuilt on change
         self.build(config)
+        # its linear layers through oneDNN's packed weights where measured faster; calls that autograd records
+        # (training) keep F.linear (packed_linear.py)
+        use_packed(self)
         self._init_weights()
         if target is not None:
             self.bind(target)
@@ -357,9 +360,7 @@ def load_drafter(spec: str | None, target, seed: int = 0, options: InferenceOpti
     if not str(spec).strip():
         raise UserError("the drafter name is empty; pass a shipped name (default, default-dflash, ...), a drafter "
                         "directory, untrained:METHOD, or none")
-    d = _resolve_drafter(spec, target, seed).set_options(options)
-    use_packed(d)      # its linear layers through oneDNN's packed weights where measured faster (packed_linear.py)
-    return d
+    return _resolve_drafter(spec, target, seed).set_options(options)
 
 
 def load_item(item, target, seed: int = 0) -> Drafter:
