@@ -197,3 +197,14 @@ def test_every_drafter_is_built_with_packed_linears_and_still_trains():
     out = d.backbone.layers[0].mlp(x)        # autograd records the call: the gradient reaches the weights
     out.sum().backward()
     assert d.backbone.layers[0].mlp.up_proj.weight.grad is not None
+
+
+@needs_onednn
+def test_weights_made_under_inference_mode_are_packed_too():
+    pl.set_mode("onednn")
+    with torch.inference_mode():             # inference tensors keep no version counter
+        lin = nn.Linear(32, 16)
+        x = torch.randn(8, 32)
+    assert pl.use_packed(lin) == 1
+    with torch.inference_mode():
+        torch.testing.assert_close(lin(x), F.linear(x, lin.weight, lin.bias), rtol=1e-5, atol=1e-5)

@@ -76,10 +76,16 @@ def mode() -> str:
     return _mode
 
 
+def _version(w: torch.Tensor) -> int:
+    """The weight's version counter; -1 for a weight made under torch.inference_mode, which keeps none (and cannot
+    be changed in place outside it)."""
+    return -1 if w.is_inference() else w._version
+
+
 def _pack(w: torch.Tensor) -> torch.Tensor:
     entry = _packed.get(w)
-    if entry is None or entry[0] != w._version or entry[1] != w.data_ptr():
-        entry = (w._version, w.data_ptr(), torch.ops.mkldnn._reorder_linear_weight(w.detach(), None))
+    if entry is None or entry[0] != _version(w) or entry[1] != w.data_ptr():
+        entry = (_version(w), w.data_ptr(), torch.ops.mkldnn._reorder_linear_weight(w.detach(), None))
         _packed[w] = entry
     return entry[2]
 
