@@ -1,11 +1,11 @@
 """Linear layers through oneDNN's pre-packed weights, where that is measured to be faster on this CPU.
 
 PyTorch's CPU builds run a float32 `F.linear` through MKL. On some processors MKL's small products are far from the
-machine's speed: on the AMD EPYC VM this project measures on (AVX-512), an 8-row product with a 256 x 1536 weight
-takes ~100 µs through MKL and ~50 µs through oneDNN with the weight reordered once into oneDNN's blocked layout, and
-the embedded target's LM head over the 9 rows of a verify ~960 against ~240 µs. One-row products go the other way
-(oneDNN's call costs ~10 µs more to set up: 19 against 8 µs for 256 x 256), so the choice depends on the rows of a
-call as well as on the processor (experiments/results/packed_linears/).
+machine's speed: on the AMD EPYC VM this project measures on (AVX-512), the embedded target's LM head (8192 x 256)
+over the 9 rows of a verify takes 1.12 ms through MKL and 0.52 ms through oneDNN with the weight reordered once into
+oneDNN's blocked layout, and its MLP's products at 9 rows 0.56-0.64 of MKL's time. Products of one or two rows of a
+small weight go the other way (oneDNN's call costs ~10 µs more to set up: 16 against 5 µs for 256 x 256 at one row),
+so the choice depends on the rows of a call as well as on the processor (experiments/results/packed_linears/).
 
 `PackedLinear` (an `nn.Linear` whose class `use_packed` swaps in; parameters, state dict and tied weights unchanged)
 and `linear` (for a weight that is no module's) time both products once per process and weight shape at 1, 8 and
@@ -37,7 +37,7 @@ from ..errors import UserError
 # rows of the calls a decode makes: a plain step; a block, a verify or a draft pass; a tree, a batch or a prompt
 TIMING_ROWS = (1, 8, 64)
 TIMING_ROUNDS = 7          # interleaved timings of each kernel at each row count
-TIMING_S = 2e-4            # thread time each timing aims at
+TIMING_S = 2e-4            # wall time each timing aims at
 MAX_CALLS = 64
 MARGIN = 0.9               # the packed kernel is used where it takes less than this share of MKL's time
 NEVER = 1 << 62
