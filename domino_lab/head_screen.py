@@ -36,6 +36,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .models.packed_linear import PackedLinear, mode
+
 SAFETY = 1.25
 TIMING_ROUNDS = 7       # interleaved calls of each read when `pays` times them
 MARGIN = 0.97           # the screen is used where it takes less than this share of the full head's time
@@ -72,8 +74,6 @@ class ArgmaxScreen:
     def for_head(cls, head: nn.Module) -> "ArgmaxScreen | None":
         """A screen for a plain bias-free float32 linear head on a CPU; None where it would not pay (GPUs and
         low-precision targets already read half-precision weights) or does not apply (a bias, another module)."""
-        from .models.packed_linear import PackedLinear
-
         w = getattr(head, "weight", None)
         if (type(head) not in (nn.Linear, PackedLinear) or head.bias is not None or w is None
                 or w.dtype != torch.float32 or w.device.type != "cpu"):
@@ -98,8 +98,6 @@ class ArgmaxScreen:
         Timed once per kind of call (one row, the float16 copy; 2-16 rows, a verify; more, a tree or a prefill), on
         the first rows of that kind: TIMING_ROUNDS calls of each read, interleaved, medians of thread time. Either
         read gives the float32 head's argmax, so a choice that timing noise tips the wrong way costs time only."""
-        from .models.packed_linear import mode
-
         h = h.reshape(-1, h.shape[-1])
         # (and per linear kernel mode: the full head's read is oneDNN's packed product or MKL's)
         kind = (1 if h.shape[0] == 1 else 2 if h.shape[0] <= 16 else 3, mode())

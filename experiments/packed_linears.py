@@ -6,7 +6,7 @@ decoding.
 
 Products: every distinct weight shape of the target's and the drafters' linear layers (and the drafters' FR-Spec
 slice of the LM head), at 1 to 64 rows: MKL (`F.linear`, what PyTorch calls) against oneDNN's product with the
-weight packed once, interleaved rounds, medians of thread time; beside them, the fewest rows from which `auto`
+weight packed once, interleaved rounds, medians of wall time; beside them, the fewest rows from which `auto`
 (the default) takes the packed product for that shape on this machine.
 
 Decoding: plain decoding (`ar`) and every drafter configuration, each prompt decoded under `aten` (every product
@@ -25,7 +25,6 @@ import sys
 import time
 
 import torch
-import torch.nn.functional as F
 
 from domino_lab.cli_flags import add_threads_arg
 from domino_lab.errors import CliParser, UserError, check_out_dir, run_cli
@@ -67,29 +66,13 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def product_times(weights: dict, rounds: int, quick: bool) -> dict:
-    """{shape: {rows: {"aten": ms, "packed": ms}}} for each weight of `weights` ({"out x in": tensor})."""
-    from domino_lab.models import packed_linear as pl
+    """{shape: {rows: {"aten": ms, "packed": ms}}} for each weight of `weights` ({"out x in": tensor}), timed as
+    `auto` times its choice (packed_linear.time_products)."""
+    from domino_lab.models.packed_linear import time_products
 
     g = torch.Generator().manual_seed(0)
-    out = {}
-    with torch.no_grad():
-        for name, w in weights.items():
-            out[name] = {}
-            for rows in ROWS[:2] if quick else ROWS:
-                x = torch.randn(rows, w.shape[1], generator=g)
-                calls = max(1, 16 // rows)
-                reads = {"aten": lambda: F.linear(x, w), "packed": lambda: pl._packed_call(x, w, None)}
-                times: dict = {k: [] for k in reads}
-                for f in reads.values():
-                    f()
-                for _ in range(rounds):
-                    for k, f in reads.items():
-                        t0 = time.thread_time()
-                        for _ in range(calls):
-                            f()
-                        times[k].append((time.thread_time() - t0) / calls)
-                out[name][rows] = {k: 1e3 * statistics.median(v) for k, v in times.items()}
-    return out
+    return {name: {rows: {k: 1e3 * v for k, v in time_products(w, None, rows, rounds, g).items()}
+                   for rows in (ROWS[:2] if quick else ROWS)} for name, w in weights.items()}
 
 
 def decode(args, target, drafters: dict, sets: dict) -> dict:
@@ -156,7 +139,7 @@ def markdown(res: dict, meta: dict) -> str:
     lines = ["# Packed linear layers (oneDNN) against MKL's products", "", f"`{meta['command']}`", "",
              f"{meta['machine']}; {meta['date']}; {meta['wall_s']} s.", "",
              "## Products", "",
-             f"ms per product, medians of thread time over {meta['product_rounds']} interleaved rounds; MKL / packed "
+             f"ms per product, medians of wall time over {meta['product_rounds']} interleaved rounds; MKL / packed "
              "(ratio). `auto` takes the packed product from the row count in the last column on (measured at "
              "1, 8 and 64 rows when the process first meets the shape).", ""]
     rows = sorted({r for t in res["products"].values() for r in t}, key=int)

@@ -94,33 +94,41 @@ def _packed_call(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> to
     return torch.ops.mkldnn._linear_pointwise(x.contiguous(), _pack(w), b, "none", [], "")
 
 
+def time_products(w: torch.Tensor, b: torch.Tensor | None, rows: int, rounds: int = TIMING_ROUNDS,
+                  g: torch.Generator | None = None) -> dict[str, float]:
+    """Seconds per call of MKL's product ("aten") and the packed one ("packed") of `w` over `rows` random rows:
+    medians of wall time over `rounds` interleaved rounds (thread time would miss the work of a product's other
+    OpenMP threads), each round timing enough calls for ~TIMING_S of MKL's product (a one-row product of a small
+    weight takes a few µs, not much more than reading the clock), one call for a large weight."""
+    x = torch.randn(rows, w.shape[1], generator=g)
+    reads = {"aten": lambda: F.linear(x, w, b), "packed": lambda: _packed_call(x, w, b)}
+    times: dict[str, list[float]] = {k: [] for k in reads}
+    with torch.no_grad():
+        for f in reads.values():       # warm-up (packs the weight)
+            f()
+        t0 = time.perf_counter()
+        reads["aten"]()
+        calls = max(1, min(MAX_CALLS, int(TIMING_S / max(time.perf_counter() - t0, 1e-7))))
+        for _ in range(rounds):
+            for k, f in reads.items():
+                t0 = time.perf_counter()
+                for _ in range(calls):
+                    f()
+                times[k].append((time.perf_counter() - t0) / calls)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
 def _measure(w: torch.Tensor, b: torch.Tensor | None) -> int:
-    """The fewest rows from which the packed product beats MKL's for this weight's shape (NEVER: at no row count):
-    timed at each of TIMING_ROWS rows, medians of wall time over interleaved rounds (thread time would miss the work
-    of a product's other OpenMP threads); the packed product is taken from just above the largest row count where it
-    loses. Both give the same product to rounding, so a choice that noise tips the wrong way costs time only."""
+    """The fewest rows from which the packed product beats MKL's for this weight's shape (NEVER: at no row count),
+    timed at each of TIMING_ROWS rows (`time_products`): the packed product is taken from just above the largest row
+    count where it loses. Both give the same product to rounding, so a choice that noise tips the wrong way costs
+    time only."""
     g = torch.Generator().manual_seed(0)
     loses_at = 0
-    with torch.no_grad():
-        for rows in TIMING_ROWS:
-            x = torch.randn(rows, w.shape[1], generator=g)
-            reads = {"aten": lambda: F.linear(x, w, b), "packed": lambda: _packed_call(x, w, b)}
-            times: dict[str, list[float]] = {k: [] for k in reads}
-            for f in reads.values():       # warm-up (packs the weight)
-                f()
-            t0 = time.perf_counter()
-            reads["aten"]()
-            # calls per timing: enough for ~TIMING_S of MKL's product (a one-row product of a small weight takes a
-            # few µs, not much more than reading the clock), one for a large weight
-            calls = max(1, min(MAX_CALLS, int(TIMING_S / max(time.perf_counter() - t0, 1e-7))))
-            for _ in range(TIMING_ROUNDS):
-                for k, f in reads.items():
-                    t0 = time.perf_counter()
-                    for _ in range(calls):
-                        f()
-                    times[k].append(time.perf_counter() - t0)
-            if statistics.median(times["packed"]) >= MARGIN * statistics.median(times["aten"]):
-                loses_at = rows
+    for rows in TIMING_ROWS:
+        t = time_products(w, b, rows, g=g)
+        if t["packed"] >= MARGIN * t["aten"]:
+            loses_at = rows
     return NEVER if loses_at == TIMING_ROWS[-1] else loses_at + 1
 
 
@@ -142,12 +150,18 @@ def _takes_packed(x: torch.Tensor, w: torch.Tensor) -> bool:
             and w.device.type == "cpu" and not (torch.is_grad_enabled() and (w.requires_grad or x.requires_grad)))
 
 
-def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
-    """F.linear(x, w, b), through oneDNN's packed weight where this call's rows pay for it (module docstring)."""
-    if torch.compiler.is_compiling() or x.dim() == 0 or x.numel() < min_rows(w, b) * x.shape[-1] \
-            or not _takes_packed(x, w):
+def _product(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, first: int) -> torch.Tensor:
+    """The packed product where the call has at least `first` rows and can take it, else F.linear."""
+    if x.dim() == 0 or x.numel() < first * x.shape[-1] or not _takes_packed(x, w):
         return F.linear(x, w, b)
     return _packed_call(x, w, b)
+
+
+def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear(x, w, b), through oneDNN's packed weight where this call's rows pay for it (module docstring)."""
+    if torch.compiler.is_compiling():
+        return F.linear(x, w, b)
+    return _product(x, w, b, min_rows(w, b))
 
 
 class PackedLinear(nn.Linear):
@@ -158,12 +172,10 @@ class PackedLinear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if torch.compiler.is_compiling():
             return F.linear(x, self.weight, self.bias)
-        rows = self.__dict__.get("_packed_from")
-        if rows is None or rows[0] != _generation:
-            rows = self._packed_from = (_generation, min_rows(self.weight, self.bias))
-        if x.dim() == 0 or x.numel() < rows[1] * x.shape[-1] or not _takes_packed(x, self.weight):
-            return F.linear(x, self.weight, self.bias)
-        return _packed_call(x, self.weight, self.bias)
+        first = self.__dict__.get("_packed_from")
+        if first is None or first[0] != _generation:
+            first = self._packed_from = (_generation, min_rows(self.weight, self.bias))
+        return _product(x, self.weight, self.bias, first[1])
 
 
 def use_packed(module: nn.Module) -> int:
