@@ -272,10 +272,19 @@ def test_sigkill_mid_trial_then_resume(sweep_yaml, tmp_path):
         except Exception:       # the study may not exist yet
             return []
 
+    def running_has_heartbeat():
+        # Optuna writes a trial's first heartbeat from a thread started after the trial is RUNNING; a worker killed
+        # before that leaves no heartbeat for a later run to find stale, so the kill waits for that first row
+        import sqlite3
+        with sqlite3.connect(out / "optuna.db") as db:
+            return db.execute("SELECT COUNT(*) FROM trial_heartbeats JOIN trials USING (trial_id) "
+                              "WHERE trials.state = 'RUNNING'").fetchone()[0] > 0
+
     deadline = time.time() + 300
-    while time.time() < deadline and not (states().count("COMPLETE") >= 1 and "RUNNING" in states()):
+    while time.time() < deadline and not (states().count("COMPLETE") >= 1 and "RUNNING" in states()
+                                          and running_has_heartbeat()):
         assert p.poll() is None, "the sweep ended before it could be killed"
-        time.sleep(0.2)
+        time.sleep(0.05)
     # kill at once: a tiny trial can finish within a couple of seconds, and the point is a trial still RUNNING
     p.send_signal(signal.SIGKILL)
     p.wait()
