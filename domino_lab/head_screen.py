@@ -96,8 +96,8 @@ class ArgmaxScreen:
     def pays(self, h: torch.Tensor) -> bool:
         """Whether the screen reads the argmax of rows like h [..., H] faster than the full head on this machine.
         Timed once per kind of call (one row, the float16 copy; 2-16 rows, a verify; more, a tree or a prefill), on
-        the first rows of that kind: TIMING_ROUNDS calls of each read, interleaved, medians of thread time. Either
-        read gives the float32 head's argmax, so a choice that timing noise tips the wrong way costs time only."""
+        the first rows of that kind: TIMING_ROUNDS calls of each read, interleaved, medians of thread time (of wall time
+        with several torch threads). Either read gives the float32 head's argmax, so a choice that timing noise tips the wrong way costs time only."""
         h = h.reshape(-1, h.shape[-1])
         # (and per linear kernel mode: the full head's read is oneDNN's packed product or MKL's)
         kind = (1 if h.shape[0] == 1 else 2 if h.shape[0] <= 16 else 3, mode())
@@ -106,11 +106,14 @@ class ArgmaxScreen:
             times: dict[str, list[float]] = {k: [] for k in reads}
             for f in reads.values():      # warm-up (the screen builds its half-precision copy)
                 f()
+            # thread time ignores other processes on the cores, but with several torch threads it would miss the
+            # full product's work on the others and favour it
+            clock = time.thread_time if torch.get_num_threads() == 1 else time.perf_counter
             for _ in range(TIMING_ROUNDS):
                 for k, f in reads.items():
-                    t0 = time.thread_time()
+                    t0 = clock()
                     f()
-                    times[k].append(time.thread_time() - t0)
+                    times[k].append(clock() - t0)
             self._pays[kind] = statistics.median(times["screen"]) < MARGIN * statistics.median(times["full"])
         return self._pays[kind]
 

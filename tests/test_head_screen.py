@@ -172,3 +172,24 @@ def test_the_screen_is_timed_again_under_another_linear_kernel_mode(monkeypatch)
         assert set(t.screen._pays) == {(2, "aten"), (2, "auto")}
     finally:
         pl.set_mode(before)
+
+
+def test_with_several_threads_the_screen_is_timed_by_the_wall_clock(monkeypatch):
+    """With several torch threads a product runs partly on threads that the calling thread's CPU clock does not
+    see: a read whose time is spent off the calling thread (a sleep, here) must still count as slow."""
+    import time as clock
+
+    from domino_lab import head_screen
+
+    t = Target.from_pretrained("default")
+    h = torch.randn(9, t.hidden_size, generator=torch.Generator().manual_seed(2))
+    want = Target.from_pretrained("default", head_screen=False).greedy_tokens(h)
+    answer = head_screen.ArgmaxScreen.argmax(t.screen, h)
+
+    def off_thread(self, x):                # no CPU time on the calling thread, 20 ms of wall time
+        clock.sleep(0.02)
+        return answer
+    monkeypatch.setattr(head_screen.ArgmaxScreen, "argmax", off_thread)
+    monkeypatch.setattr(head_screen.torch, "get_num_threads", lambda: 2)
+    assert torch.equal(t.greedy_tokens(h), want)
+    assert list(t.screen._pays.values()) == [False]
