@@ -67,6 +67,38 @@ def test_a_changed_weight_is_packed_again():
 
 
 @needs_onednn
+def test_no_packed_copy_where_it_would_crowd_the_memory(monkeypatch):
+    """A copy doubles its weight's memory: where making it would leave less than RESERVE of the machine's memory
+    available, the weight keeps MKL's product (exactly F.linear), and it is packed once there is room again."""
+    pl.set_mode("onednn")
+    lin = nn.Linear(64, 32, bias=True)
+    p = packed_copy(lin)
+    x = torch.randn(8, 64)
+    nbytes = lin.weight.numel() * 4
+    total = 1 << 30
+    # just too little room: what would stay available after the copy is one byte short of the reserve
+    monkeypatch.setattr(pl, "memory", lambda: (int(pl.RESERVE * total) + nbytes - 1, total))
+    with torch.no_grad():
+        assert torch.equal(p(x), F.linear(x, lin.weight, lin.bias))
+        assert pl._packed[p.weight][2] is None
+        monkeypatch.setattr(pl, "memory", lambda: (int(pl.RESERVE * total) + nbytes, total))
+        p.weight.mul_(1.0)                  # a new version: judged again, now with room
+        out = p(x)
+        assert pl._packed[p.weight][2] is not None
+        torch.testing.assert_close(out, F.linear(x, lin.weight, lin.bias), rtol=1e-5, atol=1e-5)
+    monkeypatch.setattr(pl, "memory", lambda: None)        # memory unknown (not Linux): copies are made
+    assert pl._room_for(1 << 62)
+
+
+def test_memory_reads_this_machine():
+    m = pl.memory()
+    if m is None:
+        pytest.skip("no /proc/meminfo here")
+    avail, total = m
+    assert 0 < avail <= total
+
+
+@needs_onednn
 def test_training_and_other_dtypes_take_aten():
     pl.set_mode("onednn")
     p = packed_copy(nn.Linear(16, 8))

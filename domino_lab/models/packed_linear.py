@@ -12,7 +12,8 @@ and `linear` (for a weight that is no module's) time both products once per proc
 64 rows, and take the packed one for calls of more rows than the largest of those where it loses (`min_rows`). The
 packed copy is made at the first call that uses it and made again when the weight changes (an optimiser step bumps
 its version; a move gives it new storage); it is kept beside the module, not in it, so copying or pickling a module
-never meets oneDNN's opaque tensor. Calls that autograd records (training), that torch.compile traces, or that are
+never meets oneDNN's opaque tensor. A copy that would leave less than a quarter of the machine's memory available
+is not made (that weight keeps MKL's product): the copies double the memory of the weights that take them. Calls that autograd records (training), that torch.compile traces, or that are
 not float32 on a CPU take `F.linear`. The environment variable DOMINO_LAB_LINEARS sets the mode for a process:
 `auto` (the default), `onednn` (the packed product for every call it can take) or `aten` (never).
 
@@ -40,6 +41,7 @@ TIMING_ROUNDS = 7          # interleaved timings of each kernel at each row coun
 TIMING_S = 2e-4            # wall time each timing aims at
 MAX_CALLS = 64
 MARGIN = 0.9               # the packed kernel is used where it takes less than this share of MKL's time
+RESERVE = 0.25             # no packed copy that would leave less than this share of the machine's memory available
 NEVER = 1 << 62
 
 # "auto": measured per weight shape; "onednn": the packed kernel for every call it can take; "aten": never
@@ -82,16 +84,40 @@ def _version(w: torch.Tensor) -> int:
     return -1 if w.is_inference() else w._version
 
 
-def _pack(w: torch.Tensor) -> torch.Tensor:
+def memory() -> tuple[int, int] | None:
+    """(available, total) bytes of the machine's memory, from /proc/meminfo; None where that cannot be read."""
+    try:
+        with open("/proc/meminfo") as f:
+            info = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in f if line.split()}
+        return info["MemAvailable"], info["MemTotal"]
+    except (OSError, KeyError, ValueError, IndexError):
+        return None
+
+
+def _room_for(nbytes: int) -> bool:
+    """Whether a packed copy of `nbytes` leaves at least RESERVE of the machine's memory available. A copy doubles
+    its weight's memory: a float32 target that takes most of the memory on its own would otherwise be pushed out of
+    it by its own verifies."""
+    m = memory()
+    return m is None or m[0] - nbytes >= RESERVE * m[1]
+
+
+def _pack(w: torch.Tensor) -> torch.Tensor | None:
+    """The packed copy of `w` as it is now (None: no room for one, see `_room_for`)."""
     entry = _packed.get(w)
     if entry is None or entry[0] != _version(w) or entry[1] != w.data_ptr():
-        entry = (_version(w), w.data_ptr(), torch.ops.mkldnn._reorder_linear_weight(w.detach(), None))
-        _packed[w] = entry
+        _packed.pop(w, None)                 # (a stale copy is freed before the room for its successor is judged)
+        packed = (torch.ops.mkldnn._reorder_linear_weight(w.detach(), None)
+                  if _room_for(w.numel() * w.element_size()) else None)
+        entry = _packed[w] = (_version(w), w.data_ptr(), packed)
     return entry[2]
 
 
 def _packed_call(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
-    return torch.ops.mkldnn._linear_pointwise(x.contiguous(), _pack(w), b, "none", [], "")
+    packed = _pack(w)
+    if packed is None:
+        return F.linear(x, w, b)
+    return torch.ops.mkldnn._linear_pointwise(x.contiguous(), packed, b, "none", [], "")
 
 
 def time_products(w: torch.Tensor, b: torch.Tensor | None, rows: int, rounds: int = TIMING_ROUNDS,
