@@ -193,3 +193,23 @@ def test_with_several_threads_the_screen_is_timed_by_the_wall_clock(monkeypatch)
     monkeypatch.setattr(head_screen.torch, "get_num_threads", lambda: 2)
     assert torch.equal(t.greedy_tokens(h), want)
     assert list(t.screen._pays.values()) == [False]
+
+
+def test_a_plain_step_keeps_the_screen_unless_the_full_head_is_clearly_faster():
+    """One-row calls keep the screen up to ONE_ROW_MARGIN of the full head's time (it reads half the bytes, which a
+    timing of the head alone does not credit); verify rows need it below MARGIN."""
+    import time as clock
+
+    from domino_lab import head_screen
+
+    def busy(ms):
+        t0 = clock.thread_time()
+        while clock.thread_time() - t0 < ms / 1e3:
+            pass
+
+    w = torch.randn(64, 16)
+    for screen_ms, one_row, nine_rows in ((2.1, True, False), (2.6, False, False), (1.4, True, True)):
+        s = head_screen.ArgmaxScreen(w, full=lambda h: (busy(2.0), h @ w.T)[1])
+        s.argmax = lambda h, ms=screen_ms: (busy(ms), torch.zeros(h.shape[0], dtype=torch.long))[1]
+        assert s.pays(torch.randn(1, 16)) is one_row, screen_ms
+        assert s.pays(torch.randn(9, 16)) is nine_rows, screen_ms
