@@ -276,9 +276,13 @@ def test_sigkill_mid_trial_then_resume(sweep_yaml, tmp_path):
         # Optuna writes a trial's first heartbeat from a thread started after the trial is RUNNING; a worker killed
         # before that leaves no heartbeat for a later run to find stale, so the kill waits for that first row
         import sqlite3
-        with sqlite3.connect(out / "optuna.db") as db:
-            return db.execute("SELECT COUNT(*) FROM trial_heartbeats JOIN trials USING (trial_id) "
-                              "WHERE trials.state = 'RUNNING'").fetchone()[0] > 0
+        from contextlib import closing
+        try:
+            with closing(sqlite3.connect(out / "optuna.db")) as db:
+                return db.execute("SELECT COUNT(*) FROM trial_heartbeats JOIN trials USING (trial_id) "
+                                  "WHERE trials.state = 'RUNNING'").fetchone()[0] > 0
+        except sqlite3.OperationalError:    # the sweep is writing (locked) or has not made its tables yet
+            return False
 
     deadline = time.time() + 300
     while time.time() < deadline and not (states().count("COMPLETE") >= 1 and "RUNNING" in states()
