@@ -14,8 +14,9 @@ packed copy is made at the first call that uses it and made again when the weigh
 its version; a move gives it new storage); it is kept beside the module, not in it, so copying or pickling a module
 never meets oneDNN's opaque tensor. A copy that would leave less than a quarter of the machine's memory available
 is not made (that weight keeps MKL's product): the copies double the memory of the weights that take them. Calls
-that autograd records (training), that torch.compile traces, or that are not float32 on a CPU take `F.linear`. The environment variable DOMINO_LAB_LINEARS sets the mode for a process:
-`auto` (the default), `onednn` (the packed product for every call it can take) or `aten` (never).
+that autograd records (training), that torch.compile traces, or that are not float32 on a CPU take `F.linear`.
+The environment variable DOMINO_LAB_LINEARS sets the mode for a process: `auto` (the default), `onednn` (the packed
+product for every call it can take) or `aten` (never).
 
 The two kernels sum in different orders, so their results differ in the last bits, as MKL's one-row and many-row
 products already do: greedy verification stays exact because a plain step and a verify each read the argmax of the
