@@ -602,7 +602,7 @@ def main(argv: list[str] | None = None) -> int:
     from dataclasses import asdict, replace
 
     from .decoding.engine import check_tree_mode
-    from .models import InferenceOptions
+    from .models import InferenceOptions, packed_linear
     from .models.drafter import load_item
     from .models.options import TREE_FLAGS, DrafterItem, drafter_items
     from .target import Target, last_level_cache, machine_line, openmp_waits, use_decode_threads
@@ -691,6 +691,10 @@ def main(argv: list[str] | None = None) -> int:
             # our decoders read greedy tokens through the half-precision head screen where the head allows it
             # (exact; docs/design.md#greedy-head-screen); the hf methods always read the full head
             "lm_head": "screen" if target.screen is not None else "full",
+            # which read each kind of greedy call took, and which weight shapes took oneDNN's packed product: both
+            # are timed per process (docs/design.md#packed-linears), so a run records what it used
+            "lm_head_reads": target.screen.decisions() if target.screen is not None else {},
+            "linear_kernels": packed_linear.choices(),
             # the batch-1 rows ran with the machine line's threads, batched decoding with these per batch size
             "batched_threads": b.batch_threads, "batched_continuous": args.continuous, "skipped": skipped,
             "batched_left_out": batched_left_out(b) if batched else {},
@@ -727,6 +731,9 @@ def main(argv: list[str] | None = None) -> int:
     text = (f"`{meta['command']}`\n\n{meta['machine']}; {meta['date']}; {meta['wall_s']} s; {meta['dtype']}; "
             f"{smp.describe()}"
             + (f"; greedy LM head: {meta['lm_head']}" if smp.temperature == 0 else "")
+            + (" (" + ", ".join(f"{k}: {v}" for k, v in meta["lm_head_reads"].items()) + ")"
+               if smp.temperature == 0 and meta["lm_head_reads"] else "")
+            + f"; linear kernels: {packed_linear.describe(meta['linear_kernels'])}"
             + "; prompts: " + prompts_line(meta["prompts"])
             + f"\n\n{md}\n\n"
             + ("\n".join(notes) + "\n\n" if notes else agreement(smp) + "\n\n")

@@ -124,6 +124,12 @@ class ArgmaxScreen:
             self._pays[kind] = statistics.median(times["screen"]) < margin * statistics.median(times["full"])
         return self._pays[kind]
 
+    def decisions(self) -> dict[str, str]:
+        """The reads `pays` chose so far under the current linear kernel mode: {"1 row" | "2-16 rows" | "more rows":
+        "screen" or "full"} (a record of a run: the choice is timed per process)."""
+        names = {1: "1 row", 2: "2-16 rows", 3: "more rows"}
+        return {names[k]: "screen" if v else "full" for (k, m), v in sorted(self._pays.items()) if m == mode()}
+
     @staticmethod
     def bound(h: torch.Tensor, hh: torch.Tensor, approx: torch.Tensor, half: _HalfHead) -> torch.Tensor:
         """B per row [R, 1]: no approximate logit of the row is further than B from its float32 logit (module

@@ -357,3 +357,33 @@ def test_weights_line_names_the_cache_or_its_absence():
         "Weights: target 27.3 MB, drafter default 11.2 MB; this processor's last-level cache (L3) holds 32 MB "
         "(docs/design.md#cpu-caches).")
     assert "the OS reports no cache size" in weights_line({"target": 1.0}, None)
+
+
+def test_bench_records_the_kernels_and_head_reads_it_used(tmp_path):
+    """Which LM-head read each kind of greedy call took and which weight shapes took oneDNN's packed product are
+    timed per process, so the run's record names them (json and the report's header line)."""
+    from domino_lab.bench import main
+    from domino_lab.models import packed_linear as pl
+
+    out = tmp_path / "b"
+    assert main(["--sets", "humaneval", "--limit", "1", "--max-new-tokens", "8", "--methods", "ar", "domino",
+                 "--threads", "1", "--out", str(out)]) == 0
+    meta = json.loads((out / "bench.json").read_text())["meta"]
+    assert meta["lm_head_reads"]["1 row"] in ("screen", "full")          # the plain steps' read
+    assert meta["lm_head_reads"]["2-16 rows"] in ("screen", "full")      # the verifies'
+    kernels = meta["linear_kernels"]
+    assert kernels["mode"] == pl.mode()
+    if pl.available() and kernels["mode"] == "auto":
+        assert "8192x256" in kernels["packed_from"]          # the embedded target's LM head, measured in this run
+    header = (out / "bench.md").read_text().splitlines()[2]
+    assert f"linear kernels: {pl.describe(kernels)}" in header and "greedy LM head: screen (1 row: " in header
+
+
+def test_the_kernel_record_reads_as_one_line():
+    from domino_lab.models import packed_linear as pl
+
+    c = {"mode": "auto", "packed_from": {"256x256": None, "768x256": 9, "8192x256": 1}}
+    assert pl.describe(c) == "auto (oneDNN packed: 768x256 from 9 rows, 8192x256 from 1 row; MKL: 256x256)"
+    assert pl.describe({"mode": "aten", "packed_from": {}}) == "aten"
+    assert pl.describe({"mode": "auto", "packed_from": {}}) == "auto"
+    assert set(pl.choices()) == {"mode", "packed_from"}

@@ -171,6 +171,25 @@ def min_rows(w: torch.Tensor, b: torch.Tensor | None) -> int:
     return _min_rows[key]
 
 
+def choices() -> dict:
+    """What this process decided so far: {"mode": the mode, "packed_from": {"OUTxIN[+bias]": the fewest rows a call
+    takes the packed product at, or None for never}} for every weight shape `auto` has measured (records of a run,
+    e.g. the bench's: the choice depends on the machine and can differ between processes where the kernels are
+    close)."""
+    return {"mode": mode(), "packed_from": {f"{o}x{i}{'+bias' if b else ''}": (None if r == NEVER else r)
+                                            for (o, i, b), r in sorted(_min_rows.items())}}
+
+
+def describe(c: dict) -> str:
+    """One line for a `choices()` record: 'auto (oneDNN packed: 8192x256 from 1 row; MKL: 256x256)'."""
+    if c["mode"] != "auto":
+        return c["mode"]
+    packed = [f"{k} from {r} row{'s' if r > 1 else ''}" for k, r in c["packed_from"].items() if r is not None]
+    aten = [k for k, r in c["packed_from"].items() if r is None]
+    parts = ([f"oneDNN packed: {', '.join(packed)}"] if packed else []) + ([f"MKL: {', '.join(aten)}"] if aten else [])
+    return "auto" + (f" ({'; '.join(parts)})" if parts else "")
+
+
 def _takes_packed(x: torch.Tensor, w: torch.Tensor) -> bool:
     """Whether a call whose rows pay for the packed product can take it."""
     return (x.dtype == torch.float32 and x.device.type == "cpu" and w.dtype == torch.float32
