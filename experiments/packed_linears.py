@@ -134,8 +134,6 @@ def summarize(configs, wall, tokens, steps, rounds: int, decodes: int, lossless,
 
 
 def markdown(res: dict, meta: dict) -> str:
-    from domino_lab.models.packed_linear import NEVER
-
     lines = ["# Packed linear layers (oneDNN) against MKL's products", "", f"`{meta['command']}`", "",
              f"{meta['machine']}; {meta['date']}; {meta['wall_s']} s.", "",
              "## Products", "",
@@ -147,8 +145,11 @@ def markdown(res: dict, meta: dict) -> str:
     lines += ["| weight (out × in) | " + " | ".join(heads) + " | auto: packed from |", "|" + "---|" * (len(rows) + 2)]
     for name, t in res["products"].items():
         cells = [f"{t[r]['aten']:.3f} / {t[r]['packed']:.3f} ({t[r]['packed'] / t[r]['aten']:.2f})" for r in rows]
-        first = res["auto_choice"].get(name)
-        choice = ("never" if first == NEVER else "not called as a linear layer" if first is None
+        key = name.replace(" × ", "x")      # (pl.shape_name; the products are timed without a bias)
+        auto = res["auto_choice"]
+        key = key if key in auto else key + "+bias"
+        first = auto.get(key)
+        choice = ("not called as a linear layer" if key not in auto else "never" if first is None
                   else f"{first} row{'s' * (first > 1)}")
         lines.append(f"| {name} | " + " | ".join(cells) + f" | {choice} |")
     lines += ["", "## Decoding", "",
@@ -201,7 +202,7 @@ def main(argv=None) -> int:
         decoding = decode(args, target, drafters, sets)
     finally:
         pl.set_mode(before)
-    choice = {f"{o} × {i}": v for (o, i, _), v in pl._min_rows.items()}
+    choice = pl.choices()["packed_from"]       # what `auto` measured in this process, by pl.shape_name
     meta = {"command": " ".join(["python experiments/packed_linears.py", *(sys.argv[1:] if argv is None else argv)]),
             "machine": machine_line(openmp_waits()), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             "wall_s": round(time.time() - started, 1), "product_rounds": product_rounds, "limit": args.limit,

@@ -91,9 +91,12 @@ def test_no_packed_copy_where_it_would_crowd_the_memory(monkeypatch):
 
 
 def test_memory_reads_this_machine():
+    from pathlib import Path
+
     m = pl.memory()
-    if m is None:
-        pytest.skip("no /proc/meminfo here")
+    if not Path("/proc/meminfo").exists():        # not Linux: memory unknown, and copies are made (above)
+        assert m is None
+        return
     avail, total = m
     assert 0 < avail <= total
 

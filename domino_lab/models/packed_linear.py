@@ -171,13 +171,18 @@ def min_rows(w: torch.Tensor, b: torch.Tensor | None) -> int:
     return _min_rows[key]
 
 
+def shape_name(out_features: int, in_features: int, bias: bool = False) -> str:
+    """How records name a weight shape: 'OUTxIN', '+bias' where the layer has one."""
+    return f"{out_features}x{in_features}{'+bias' if bias else ''}"
+
+
 def choices() -> dict:
-    """What this process decided so far: {"mode": the mode, "packed_from": {"OUTxIN[+bias]": the fewest rows a call
+    """What this process decided so far: {"mode": the mode, "packed_from": {shape_name: the fewest rows a call
     takes the packed product at, or None for never}} for every weight shape `auto` has measured (records of a run,
     e.g. the bench's: the choice depends on the machine and can differ between processes where the kernels are
     close)."""
-    return {"mode": mode(), "packed_from": {f"{o}x{i}{'+bias' if b else ''}": (None if r == NEVER else r)
-                                            for (o, i, b), r in sorted(_min_rows.items())}}
+    return {"mode": mode(), "packed_from": {shape_name(*k): (None if r == NEVER else r)
+                                            for k, r in sorted(_min_rows.items())}}
 
 
 def describe(c: dict) -> str:
