@@ -305,6 +305,40 @@ def test_sigkill_mid_trial_then_resume(sweep_yaml, tmp_path):
     assert sum(s in ("COMPLETE", "PRUNED") for s in after.values()) == 3   # and the study reached its total
 
 
+def test_a_trial_killed_before_its_first_heartbeat_is_failed_and_retried(tmp_path):
+    """A worker killed after its trial turned RUNNING but before Optuna's heartbeat thread wrote a row leaves a
+    trial no stale check can find. The sweep's check gives such a trial one heartbeat, so it goes stale after the
+    grace period like any killed trial, while a live trial that keeps beating stays RUNNING."""
+    import time
+
+    from domino_lab.sweep.runner import fail_stale_trials
+
+    storage = sweep_storage(f"sqlite:///{tmp_path / 'optuna.db'}", heartbeat_interval=1, grace_period=2,
+                            heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=1))
+    study = optuna.create_study(study_name="window", storage=storage)
+    dead = study.ask()                  # RUNNING with no heartbeat: its worker died at once
+    live = study.ask()
+    storage.record_heartbeat(live._trial_id)
+    fail_stale_trials(study)
+    assert [t.state.name for t in study.get_trials()] == ["RUNNING", "RUNNING"]     # not before the grace period
+    for _ in range(7):                  # 3.5 s > grace: the live trial beats every 0.5 s, the dead one never
+        time.sleep(0.5)
+        storage.record_heartbeat(live._trial_id)
+        fail_stale_trials(study)
+    states = {t.number: t.state.name for t in study.get_trials()}
+    assert states[dead.number] == "FAIL" and states[live.number] == "RUNNING"
+    retry = [t for t in study.get_trials() if t.system_attrs.get("failed_trial") == dead.number]
+    assert len(retry) == 1 and retry[0].state.name == "WAITING"
+    # the retry inherits the dead trial's system attributes, the heartbeat mark included: when it runs and its own
+    # worker dies just as early, it must still go stale
+    again = study.ask()
+    assert again.number == retry[0].number
+    fail_stale_trials(study)
+    time.sleep(3.5)                     # SQLite keeps heartbeats to the second: grace + 1 s is surely stale
+    fail_stale_trials(study)
+    assert study.get_trials()[again.number].state.name == "FAIL"
+
+
 def test_everything_lands_under_runs_dir(tmp_path):
     """Run from another directory with --runs-dir X: the study, the MLflow store and its artifacts, the training
     data (regenerated on first use), the trials and the report all land under X; nothing in the current directory

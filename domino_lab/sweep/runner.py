@@ -37,6 +37,7 @@ DONE_STATES = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
 BOOKED_STATES = DONE_STATES + (optuna.trial.TrialState.RUNNING,)
 PARENT_ATTR = "mlflow_parent_run_id"
 FINGERPRINT_ATTR = "config_fingerprint"
+BEATEN_ATTR = "domino_lab:has_heartbeat"     # a trial's system attribute: a heartbeat of it is on record
 
 
 class StepPruningCallback(PyTorchLightningPruningCallback):
@@ -286,6 +287,7 @@ class SweepRunner:
     def objective(self, trial):
         from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+        mark_beaten(trial.study, trial._trial_id)
         params = suggest(trial, self.sweep.space)
         cfg = trial_config(self.sweep, params, trial.number)
         cfg.tracking_uri = self.tracking_uri
@@ -366,6 +368,8 @@ class SweepRunner:
             booked = len(study.get_trials(deepcopy=False, states=BOOKED_STATES))
             n_trials = max(0, min(n_trials, self.sweep.total_trials - booked))
             callbacks.append(stop_at_total(self.sweep.total_trials))
+        else:               # stop_at_total checks for killed workers' trials itself
+            callbacks.append(lambda study, trial: fail_stale_trials(study))
         try:
             if n_trials:
                 self._update_parent_status(study)
@@ -393,10 +397,42 @@ class SweepRunner:
 
 def fail_stale_trials(study) -> None:
     """Mark FAIL (and, with the retry callback, queue again) the running trials whose heartbeat is stale: their
-    worker was killed."""
+    worker was killed. Then give a heartbeat to those that may have none (`beat_unbeaten_trials`)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         optuna.storages.fail_stale_trials(study)
+    beat_unbeaten_trials(study)
+
+
+def beat_unbeaten_trials(study) -> None:
+    """Give each running trial that may lack a heartbeat one heartbeat, once.
+
+    Optuna's worker writes a trial's first heartbeat from a thread it starts after the trial is RUNNING, and only a
+    trial with a heartbeat can go stale: a worker killed in between leaves its trial RUNNING for good, booked
+    against the study's total, which then never finishes. The objective marks its trial as beaten at its first line
+    (`mark_beaten`), so a RUNNING trial without the mark is one whose worker died in that moment or is about to
+    reach that line: one heartbeat recorded here, and the mark, start its clock. A live trial keeps beating from
+    its own worker; a dead one goes stale after the grace period and is failed and retried like any killed trial.
+    Marked trials are not beaten again, or a dead one would never go stale; stale ones were failed just before, so
+    a beat here never puts off a killed trial's failure (unless it was unmarked and not yet stale)."""
+    if getattr(study._storage, "get_heartbeat_interval", lambda: None)() is None:    # no heartbeats kept
+        return
+    for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+        if t.system_attrs.get(BEATEN_ATTR) != t._trial_id:
+            mark_beaten(study, t._trial_id)
+
+
+def mark_beaten(study, trial_id: int) -> None:
+    """Record a heartbeat of the trial, then mark it as having one. The mark names the trial itself: Optuna's retry
+    callback copies a failed trial's system attributes into its retry, which has no heartbeat of its own yet."""
+    storage = study._storage
+    if getattr(storage, "get_heartbeat_interval", lambda: None)() is None:
+        return
+    storage.record_heartbeat(trial_id)
+    try:
+        storage.set_trial_system_attr(trial_id, BEATEN_ATTR, trial_id)
+    except optuna.exceptions.UpdateFinishedTrialError:     # it finished meanwhile: nothing to watch
+        pass
 
 
 def stop_at_total(total_trials: int):
