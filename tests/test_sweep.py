@@ -313,7 +313,7 @@ def test_a_trial_killed_before_its_first_heartbeat_is_failed_and_retried(tmp_pat
 
     from domino_lab.sweep.runner import fail_stale_trials
 
-    storage = sweep_storage(f"sqlite:///{tmp_path / 'optuna.db'}", heartbeat_interval=1, grace_period=2,
+    storage = sweep_storage(f"sqlite:///{tmp_path / 'optuna.db'}", heartbeat_interval=1, grace_period=1,
                             heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=1))
     study = optuna.create_study(study_name="window", storage=storage)
     dead = study.ask()                  # RUNNING with no heartbeat: its worker died at once
@@ -321,7 +321,7 @@ def test_a_trial_killed_before_its_first_heartbeat_is_failed_and_retried(tmp_pat
     storage.record_heartbeat(live._trial_id)
     fail_stale_trials(study)
     assert [t.state.name for t in study.get_trials()] == ["RUNNING", "RUNNING"]     # not before the grace period
-    for _ in range(7):                  # 3.5 s > grace: the live trial beats every 0.5 s, the dead one never
+    for _ in range(5):                  # 2.5 s > grace: the live trial beats every 0.5 s, the dead one never
         time.sleep(0.5)
         storage.record_heartbeat(live._trial_id)
         fail_stale_trials(study)
@@ -334,7 +334,7 @@ def test_a_trial_killed_before_its_first_heartbeat_is_failed_and_retried(tmp_pat
     again = study.ask()
     assert again.number == retry[0].number
     fail_stale_trials(study)
-    time.sleep(3.5)                     # SQLite keeps heartbeats to the second: grace + 1 s is surely stale
+    time.sleep(2.5)                     # SQLite keeps heartbeats to the second: grace + 1 s is surely stale
     fail_stale_trials(study)
     assert study.get_trials()[again.number].state.name == "FAIL"
 

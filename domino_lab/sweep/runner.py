@@ -413,9 +413,10 @@ def beat_unbeaten_trials(study) -> None:
     (`mark_beaten`), so a RUNNING trial without the mark is one whose worker died in that moment or is about to
     reach that line: one heartbeat recorded here, and the mark, start its clock. A live trial keeps beating from
     its own worker; a dead one goes stale after the grace period and is failed and retried like any killed trial.
-    Marked trials are not beaten again, or a dead one would never go stale; stale ones were failed just before, so
-    a beat here never puts off a killed trial's failure (unless it was unmarked and not yet stale)."""
-    if getattr(study._storage, "get_heartbeat_interval", lambda: None)() is None:    # no heartbeats kept
+    Marked trials are not beaten again, or a dead one would never go stale. Stale trials were failed just before,
+    so a beat here puts off a killed trial's failure only if it was killed after Optuna's first heartbeat and
+    before the objective's first line, and only by one grace period."""
+    if not _keeps_heartbeats(study._storage):
         return
     for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
         if t.system_attrs.get(BEATEN_ATTR) != t._trial_id:
@@ -426,13 +427,17 @@ def mark_beaten(study, trial_id: int) -> None:
     """Record a heartbeat of the trial, then mark it as having one. The mark names the trial itself: Optuna's retry
     callback copies a failed trial's system attributes into its retry, which has no heartbeat of its own yet."""
     storage = study._storage
-    if getattr(storage, "get_heartbeat_interval", lambda: None)() is None:
+    if not _keeps_heartbeats(storage):
         return
     storage.record_heartbeat(trial_id)
     try:
         storage.set_trial_system_attr(trial_id, BEATEN_ATTR, trial_id)
     except optuna.exceptions.UpdateFinishedTrialError:     # it finished meanwhile: nothing to watch
         pass
+
+
+def _keeps_heartbeats(storage) -> bool:
+    return getattr(storage, "get_heartbeat_interval", lambda: None)() is not None
 
 
 def stop_at_total(total_trials: int):
