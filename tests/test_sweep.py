@@ -339,6 +339,27 @@ def test_a_trial_killed_before_its_first_heartbeat_is_failed_and_retried(tmp_pat
     assert study.get_trials()[again.number].state.name == "FAIL"
 
 
+def test_the_report_names_trials_still_running_and_what_ends_them(tmp_path):
+    """A worker that finishes while a trial still runs (another worker's, or a dead worker's not yet stale) writes
+    a study that is not done: its answer says which trials hold it and what ends a dead one."""
+    from domino_lab.sweep.config import ConfirmOptions, SweepConfig
+    from domino_lab.sweep.report import write_report
+
+    study = optuna.create_study(study_name="s", storage=f"sqlite:///{tmp_path / 'o.db'}")
+    study.optimize(lambda t: t.suggest_float("x", 0, 1), n_trials=1)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(uri)
+    parent = client.create_run(client.create_experiment("e")).info.run_id
+    sweep = SweepConfig(study_name="s", grace_period=45, confirm=ConfirmOptions(seeds=2))
+    done = write_report(study, sweep, tmp_path / "out", client, parent, uri, "sqlite:///o.db")
+    assert "RUNNING" not in done["answer"]
+    study.ask()
+    study.ask()
+    running = write_report(study, sweep, tmp_path / "out", client, parent, uri, "sqlite:///o.db")
+    assert "Trials 1, 2 still RUNNING" in running["answer"] and "45 s old" in running["answer"]
+    assert "confirmed" in running["answer"] and running["answer"] in (tmp_path / "out" / "summary.md").read_text()
+
+
 def test_everything_lands_under_runs_dir(tmp_path):
     """Run from another directory with --runs-dir X: the study, the MLflow store and its artifacts, the training
     data (regenerated on first use), the trials and the report all land under X; nothing in the current directory

@@ -167,6 +167,12 @@ def write_report(study, sweep, out_dir: Path, client, parent: str, tracking_uri:
         if res["noise_over_spread"] is not None:
             answer += (f" Seed noise SD {res['noise_sd']:.4f} vs trial spread SD {res['spread_sd']:.4f} "
                        f"(ratio {res['noise_over_spread']:.2f}; sized for ≤ 0.33).")
+    running = [r["trial"] for r in rows if r["state"] == "RUNNING"]
+    if running:     # the study is not done while they run; say why, and what ends a dead worker's trial
+        answer += (f"\n{'Trials' if len(running) > 1 else 'Trial'} {', '.join(map(str, running))} still RUNNING: "
+                   f"another worker's, or a killed worker's, which the next run of the sweep fails and queues again "
+                   f"once its heartbeat is {sweep.grace_period} s old (grace_period); the study is done"
+                   + (", and its best trial confirmed," if sweep.confirm.seeds else "") + " after that.")
     lines.append(f"# Sweep `{sweep.study_name}`\n\n{answer}\n")
     if base_cfg is not None:
         e = base_cfg.eval
