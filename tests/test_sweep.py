@@ -339,6 +339,33 @@ def test_a_trial_killed_before_its_first_heartbeat_is_failed_and_retried(tmp_pat
     assert study.get_trials()[again.number].state.name == "FAIL"
 
 
+def test_a_restarted_worker_runs_the_retry_of_a_trial_that_goes_stale_while_it_works(sweep_yaml, capsys, tmp_path):
+    """A worker restarted before its killed predecessor's trial is stale counts that trial as booked and plans one
+    trial fewer; when the trial goes stale during its run (failed, queued again), the worker runs the retry too,
+    and the study reaches its total in this one run instead of the next."""
+    from domino_lab.sweep.runner import mark_beaten
+
+    path, _ = sweep_yaml
+    out = tmp_path / "restart"
+    args = ["--config", str(path), "study_name=restart", f"out_dir={out}", "n_trials=5", "total_trials=2",
+            "heartbeat_interval=1", "grace_period=1"]
+    code, _, err = run(args + ["--prepare-only"], capsys)
+    assert code == 0, err[-2000:]
+    storage = sweep_storage(f"sqlite:///{out / 'optuna.db'}", heartbeat_interval=1, grace_period=1,
+                            heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=1))
+    study = optuna.load_study(study_name="restart", storage=storage)
+    killed = study.ask()                # the killed worker's trial (the queued baseline), beaten as its objective would
+    mark_beaten(study, killed._trial_id)
+    code, _, err = run(args, capsys)    # at once: the trial is stale only after the new worker's first trial began
+    assert code == 0, err[-2000:]
+    trials = optuna.load_study(study_name="restart", storage=storage).trials
+    assert trials[killed.number].state.name == "FAIL"
+    retry = [t for t in trials if t.system_attrs.get("failed_trial") == killed.number]
+    # the retry was queued after this worker's first trial had started (numbered after it), and was run
+    assert len(retry) == 1 and retry[0].number == 2 and retry[0].state.name == "COMPLETE"
+    assert [t.state.name for t in trials].count("COMPLETE") == 2
+
+
 def test_the_report_names_trials_still_running_and_what_ends_them(tmp_path):
     """A worker that finishes while a trial still runs (another worker's, or a dead worker's not yet stale) writes
     a study that is not done: its answer says which trials hold it and what ends a dead one."""

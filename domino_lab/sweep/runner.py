@@ -10,6 +10,7 @@ pruning, and the end-of-sweep report.
 from __future__ import annotations
 
 import sys
+import time
 import warnings
 from contextlib import contextmanager
 from pathlib import Path
@@ -97,6 +98,7 @@ class SweepRunner:
         self.study = None
         self.parent = None
         self.confirm_prompts: list[list[int]] = []
+        self._ran = 0          # trials this worker has finished (run_worker)
 
     # ---- shared state, made once --------------------------------------------------------------------
     def prepare(self) -> "SweepRunner":
@@ -347,9 +349,10 @@ class SweepRunner:
         return f"trial {number} ({min(number + 1, total)}/{total})" if self.sweep.total_trials else f"trial {number}"
 
     def _trial_done(self, study, trial) -> None:
-        """One line per finished trial, above the progress bar."""
+        """One line per finished trial, above the progress bar; counts this worker's trials."""
         from tqdm.auto import tqdm
 
+        self._ran += 1
         score = f"τ = {trial.values[0]:.3f}" if trial.values else (
             f"τ = {trial.intermediate_values[max(trial.intermediate_values)]:.3f} at step "
             f"{max(trial.intermediate_values)}" if trial.intermediate_values else "no score")
@@ -362,20 +365,29 @@ class SweepRunner:
 
         if self.study is None:
             self.prepare()
-        study = self.study
-        n_trials, callbacks = self.sweep.n_trials, []
-        if self.sweep.total_trials:
-            booked = len(study.get_trials(deepcopy=False, states=BOOKED_STATES))
-            n_trials = max(0, min(n_trials, self.sweep.total_trials - booked))
-            callbacks.append(stop_at_total(self.sweep.total_trials))
-        else:               # stop_at_total checks for killed workers' trials itself
-            callbacks.append(lambda study, trial: fail_stale_trials(study))
+        study, total = self.study, self.sweep.total_trials
+        # stop_at_total checks for killed workers' trials itself
+        callbacks = [stop_at_total(total) if total else (lambda study, trial: fail_stale_trials(study)),
+                     self._trial_done]
+        timeout = self.sweep.timeout_min * 60 if self.sweep.timeout_min else None
+        start, self._ran = time.monotonic(), 0
         try:
-            if n_trials:
+            # With a total, the trials booked at the start (running ones included) shrink this worker's share; a
+            # killed worker's trial that goes stale meanwhile is failed and queued again, and a trial that fails
+            # frees its place: both are run here, within the worker's own n_trials, rather than by the next run.
+            while True:
+                n_trials = self.sweep.n_trials - self._ran
+                if total:
+                    n_trials = min(n_trials, total - len(study.get_trials(deepcopy=False, states=BOOKED_STATES)))
+                left = None if timeout is None else timeout - (time.monotonic() - start)
+                if n_trials <= 0 or (left is not None and left <= 0):
+                    break
+                ran_before = self._ran
                 self._update_parent_status(study)
-                study.optimize(self.objective, n_trials=n_trials, callbacks=callbacks + [self._trial_done],
-                               timeout=self.sweep.timeout_min * 60 if self.sweep.timeout_min else None,
+                study.optimize(self.objective, n_trials=n_trials, callbacks=callbacks, timeout=left,
                                catch=(RuntimeError,), gc_after_trial=True, show_progress_bar=False)
+                if not total or self._ran == ran_before:    # no total to reach, or stopped without a trial
+                    break
             final = self._reload_study()
             if self.sweep.confirm.seeds and self._study_done(final):
                 from .confirm import run_confirmation
