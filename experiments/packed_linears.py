@@ -143,11 +143,11 @@ def markdown(res: dict, meta: dict) -> str:
     rows = sorted({r for t in res["products"].values() for r in t}, key=int)
     heads = [f"{r} row{'s' * (int(r) > 1)}" for r in rows]
     lines += ["| weight (out × in) | " + " | ".join(heads) + " | auto: packed from |", "|" + "---|" * (len(rows) + 2)]
+    # auto's choices by pl.shape_name ('OUTxIN', '+bias' where the layer has one); the products are timed by shape
+    auto = {k.removesuffix("+bias"): v for k, v in res["auto_choice"].items()}
     for name, t in res["products"].items():
         cells = [f"{t[r]['aten']:.3f} / {t[r]['packed']:.3f} ({t[r]['packed'] / t[r]['aten']:.2f})" for r in rows]
-        key = name.replace(" × ", "x")      # (pl.shape_name; the products are timed without a bias)
-        auto = res["auto_choice"]
-        key = key if key in auto else key + "+bias"
+        key = name.replace(" × ", "x")
         first = auto.get(key)
         choice = ("not called as a linear layer" if key not in auto else "never" if first is None
                   else f"{first} row{'s' * (first > 1)}")

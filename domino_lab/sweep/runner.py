@@ -10,7 +10,6 @@ pruning, and the end-of-sweep report.
 from __future__ import annotations
 
 import sys
-import time
 import warnings
 from contextlib import contextmanager
 from pathlib import Path
@@ -98,7 +97,6 @@ class SweepRunner:
         self.study = None
         self.parent = None
         self.confirm_prompts: list[list[int]] = []
-        self._ran = 0          # trials this worker has finished (run_worker)
 
     # ---- shared state, made once --------------------------------------------------------------------
     def prepare(self) -> "SweepRunner":
@@ -349,10 +347,9 @@ class SweepRunner:
         return f"trial {number} ({min(number + 1, total)}/{total})" if self.sweep.total_trials else f"trial {number}"
 
     def _trial_done(self, study, trial) -> None:
-        """One line per finished trial, above the progress bar; counts this worker's trials."""
+        """One line per finished trial, above the progress bar."""
         from tqdm.auto import tqdm
 
-        self._ran += 1
         score = f"τ = {trial.values[0]:.3f}" if trial.values else (
             f"τ = {trial.intermediate_values[max(trial.intermediate_values)]:.3f} at step "
             f"{max(trial.intermediate_values)}" if trial.intermediate_values else "no score")
@@ -366,28 +363,21 @@ class SweepRunner:
         if self.study is None:
             self.prepare()
         study, total = self.study, self.sweep.total_trials
-        # stop_at_total checks for killed workers' trials itself
+        n_trials = self.sweep.n_trials
+        if total and len(study.get_trials(deepcopy=False, states=BOOKED_STATES)) >= total:
+            n_trials = 0
+        # With a total, stop_at_total ends this worker's trials once finished and running ones reach it, checked
+        # after each trial: a killed worker's trial that goes stale meanwhile is failed (and queued again) there, and
+        # a trial that fails frees its place, so both are run here, within the worker's own n_trials, rather than
+        # by the next run. (It checks for killed workers' trials itself; without a total, the lambda does.)
         callbacks = [stop_at_total(total) if total else (lambda study, trial: fail_stale_trials(study)),
                      self._trial_done]
-        timeout = self.sweep.timeout_min * 60 if self.sweep.timeout_min else None
-        start, self._ran = time.monotonic(), 0
         try:
-            # With a total, the trials booked at the start (running ones included) shrink this worker's share; a
-            # killed worker's trial that goes stale meanwhile is failed and queued again, and a trial that fails
-            # frees its place: both are run here, within the worker's own n_trials, rather than by the next run.
-            while True:
-                n_trials = self.sweep.n_trials - self._ran
-                if total:
-                    n_trials = min(n_trials, total - len(study.get_trials(deepcopy=False, states=BOOKED_STATES)))
-                left = None if timeout is None else timeout - (time.monotonic() - start)
-                if n_trials <= 0 or (left is not None and left <= 0):
-                    break
-                ran_before = self._ran
+            if n_trials:
                 self._update_parent_status(study)
-                study.optimize(self.objective, n_trials=n_trials, callbacks=callbacks, timeout=left,
+                study.optimize(self.objective, n_trials=n_trials, callbacks=callbacks,
+                               timeout=self.sweep.timeout_min * 60 if self.sweep.timeout_min else None,
                                catch=(RuntimeError,), gc_after_trial=True, show_progress_bar=False)
-                if not total or self._ran == ran_before:    # no total to reach, or stopped without a trial
-                    break
             final = self._reload_study()
             if self.sweep.confirm.seeds and self._study_done(final):
                 from .confirm import run_confirmation
